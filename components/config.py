@@ -1,0 +1,369 @@
+"""Typed params: one dataclass per params.yaml section, loaded and validated.
+
+`load_params()` reads params.yaml, applies `-S section.key=value` overrides (the
+syntax of `dvc exp run -S`; values are parsed as YAML, so `-S grpo.beta=0.0` is a
+float and `-S data.allow_overlap=true` a bool) and returns a `Params` object.
+Unknown keys, wrong types and out-of-range values raise `ConfigError`, whose
+message names the key and what was expected.
+
+Every field carries `metadata={"help": ...}`; bounds and choices live in the same
+metadata (`choices`, `ge`, `gt`, `le`) and are checked generically, so adding a
+setting is adding one field. Cross-field rules go in `__post_init__`.
+
+    python -m components.config            # print the effective params as YAML
+    python -m components.config -S grpo.beta=0.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_PARAMS = "params.yaml"
+PARAMS_ENV = "GRPOFLOW_PARAMS"  # lets the flow and tests point stages at another file
+
+
+class ConfigError(ValueError):
+    """A params.yaml key or override is unknown, mistyped or out of range."""
+
+
+def _f(default: Any, help: str, **checks: Any) -> Any:
+    """A dataclass field with help text and optional checks (choices, ge, gt, le)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **checks})
+    return field(default=default, metadata={"help": help, **checks})
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass
+class DataConfig:
+    train_source: str = _f(
+        "synthetic",
+        "Where the train split comes from: 'synthetic' (seeded GSM8K-style generator), "
+        "'jsonl:PATH' (GSM8K's native {question, answer} lines) or 'hf:NAME[:CONFIG]' "
+        "(a Hugging Face dataset, e.g. hf:openai/gsm8k:main).",
+    )
+    test_source: str = _f("synthetic", "Where the test split comes from; same forms as train_source.")
+    output_dir: str = _f("data/processed", "Folder that receives train.jsonl, test.jsonl and stats.json.")
+    synthetic_train_size: int = _f(4000, "Number of synthetic train problems.", ge=1)
+    synthetic_test_size: int = _f(600, "Number of synthetic test problems.", ge=1)
+    seed: int = _f(1234, "Seed of the synthetic generator (train and test use derived seeds).", ge=0)
+    on_bad_rows: str = _f(
+        "fail",
+        "'fail': stop and report FILE:LINE for bad rows; 'skip': drop and count them in stats.json.",
+        choices=["fail", "skip"],
+    )
+    allow_overlap: bool = _f(
+        False, "Allow a question to appear in both train and test (compared case- and space-insensitively)."
+    )
+    max_train_rows: int = _f(0, "Keep at most this many train rows after validation (0 = all).", ge=0)
+    max_test_rows: int = _f(0, "Keep at most this many test rows after validation (0 = all).", ge=0)
+
+    def __post_init__(self) -> None:
+        for key in ("train_source", "test_source"):
+            src = getattr(self, key)
+            if not (src == "synthetic" or src.startswith("jsonl:") or src.startswith("hf:")):
+                raise ConfigError(
+                    f"data.{key}: expected 'synthetic', 'jsonl:PATH' or 'hf:NAME[:CONFIG]', got {src!r}"
+                )
+            if src in ("jsonl:", "hf:"):
+                raise ConfigError(f"data.{key}: {src!r} needs a path or dataset name after the colon")
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = _f(
+        "tiny",
+        "'tiny' (a small Qwen2-style model built offline), a Hugging Face model id "
+        "(e.g. Qwen/Qwen2.5-0.5B-Instruct) or a local model folder.",
+    )
+    trust_remote_code: bool = _f(False, "Allow custom modelling code from the hub (off: only built-in architectures).")
+    dtype: str = _f(
+        "auto",
+        "Weights dtype for training: 'auto' (bf16 on a GPU that supports it, else float32), 'float32', 'bfloat16', 'float16'.",
+        choices=["auto", "float32", "bfloat16", "float16"],
+    )
+    tiny_dir: str = _f("models/tiny", "Where the 'tiny' base model and its tokenizer are written.")
+    tiny_hidden_size: int = _f(128, "Hidden width of the tiny model.", ge=16)
+    tiny_num_layers: int = _f(2, "Number of decoder layers of the tiny model.", ge=1)
+    tiny_num_heads: int = _f(4, "Attention heads of the tiny model (must divide tiny_hidden_size).", ge=1)
+    tiny_vocab_size: int = _f(392, "Vocabulary size of the tiny model's locally trained BPE tokenizer.", ge=300)
+    seed: int = _f(0, "Seed for the tiny model's initial weights and tokenizer.", ge=0)
+
+    def __post_init__(self) -> None:
+        if self.tiny_hidden_size % self.tiny_num_heads:
+            raise ConfigError(
+                f"model.tiny_num_heads: {self.tiny_num_heads} does not divide model.tiny_hidden_size "
+                f"{self.tiny_hidden_size}"
+            )
+
+
+@dataclass
+class SFTConfig:
+    output_dir: str = _f("models/sft", "Where the SFT model is written (a standard model folder).")
+
+
+@dataclass
+class GRPOConfig:
+    output_dir: str = _f("models/grpo", "Where the GRPO model is written (a standard model folder).")
+
+
+@dataclass
+class RewardsConfig:
+    funcs: list[str] = _f(["seed_combined"], "Reward functions by registry name, or 'package.module:function'.")
+    weights: list[float] = _f([1.0], "One weight per entry of funcs.")
+
+
+@dataclass
+class EvaluateConfig:
+    output_dir: str = _f("reports/eval", "Where metrics JSON and per-item results are written.")
+
+
+@dataclass
+class RegisterConfig:
+    model_name: str = _f("grpoflow-policy", "Name of the MLflow registered model.")
+
+
+@dataclass
+class TrackingConfig:
+    uri: str = _f(
+        "sqlite:///mlflow.db",
+        "MLflow tracking URI; the MLFLOW_TRACKING_URI environment variable wins over it.",
+    )
+    artifact_location: str = _f(
+        "mlartifacts", "Artifact folder for a new experiment on a local (sqlite) store; ignored for servers."
+    )
+    experiment: str = _f("grpoflow", "MLflow experiment name.")
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "sft": SFTConfig,
+    "grpo": GRPOConfig,
+    "rewards": RewardsConfig,
+    "evaluate": EvaluateConfig,
+    "register": RegisterConfig,
+    "tracking": TrackingConfig,
+}
+
+
+@dataclass
+class Params:
+    data: DataConfig
+    model: ModelConfig
+    sft: SFTConfig
+    grpo: GRPOConfig
+    rewards: RewardsConfig
+    evaluate: EvaluateConfig
+    register: RegisterConfig
+    tracking: TrackingConfig
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check `value` against the annotation `tp`; ints are accepted where floats are."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{key}: unexpected value {value!r}")
+    if tp is Any:
+        return value
+    base = origin or tp
+    if base is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if base is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if base is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if base is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    if base is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        return [_coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
+    if base is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")  # pragma: no cover
+
+
+def _check_bounds(key: str, value: Any, meta: typing.Mapping[str, Any]) -> None:
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(f"{key}: expected one of {meta['choices']}, got {value!r}")
+    if value is None:
+        return
+    if "ge" in meta and value < meta["ge"]:
+        raise ConfigError(f"{key}: expected a value >= {meta['ge']}, got {value!r}")
+    if "gt" in meta and value <= meta["gt"]:
+        raise ConfigError(f"{key}: expected a value > {meta['gt']}, got {value!r}")
+    if "le" in meta and value > meta["le"]:
+        raise ConfigError(f"{key}: expected a value <= {meta['le']}, got {value!r}")
+
+
+def build_section(name: str, raw: Any) -> Any:
+    """Validate one section's mapping and build its dataclass."""
+    cls = SECTIONS[name]
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{name}: expected a mapping of keys, got {raw!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"{name}.{unknown[0]}: unknown key; known keys of '{name}': {', '.join(sorted(fields))}"
+        )
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in raw.items():
+        full = f"{name}.{key}"
+        value = _coerce(full, value, hints[key])
+        _check_bounds(full, value, fields[key].metadata)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[str, str, Any]:
+    """Split `section.key=value` into (section, key, YAML-parsed value)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected section.key=value")
+    path, raw = text.split("=", 1)
+    if path.count(".") != 1:
+        raise ConfigError(f"override {text!r}: expected section.key=value (one dot in the key)")
+    section, key = path.split(".")
+    if section not in SECTIONS:
+        raise ConfigError(f"override {text!r}: unknown section '{section}'; known: {', '.join(SECTIONS)}")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: value is not valid YAML ({exc})") from None
+    return section, key, value
+
+
+def params_path(path: str | os.PathLike | None = None) -> Path:
+    return Path(path or os.environ.get(PARAMS_ENV) or DEFAULT_PARAMS)
+
+
+def load_raw(path: str | os.PathLike | None = None, overrides: typing.Iterable[str] = ()) -> dict[str, Any]:
+    """params.yaml as a dict with overrides applied (not yet validated)."""
+    p = params_path(path)
+    raw: dict[str, Any] = {}
+    if p.exists():
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML ({exc})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{p}: expected a mapping of sections at the top level")
+    elif path is not None:
+        raise ConfigError(f"{p}: params file not found")
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"{p}: unknown section '{unknown[0]}'; known sections: {', '.join(SECTIONS)}")
+    for text in overrides:
+        section, key, value = parse_override(text)
+        raw.setdefault(section, {})
+        if raw[section] is None:
+            raw[section] = {}
+        raw[section][key] = value
+    return raw
+
+
+def load_params(path: str | os.PathLike | None = None, overrides: typing.Iterable[str] = ()) -> Params:
+    """Load, override and validate params; raises ConfigError naming the bad key."""
+    raw = load_raw(path, overrides)
+    sections = {}
+    for name in SECTIONS:
+        try:
+            sections[name] = build_section(name, raw.get(name))
+        except TypeError as exc:  # a __post_init__ or dataclass signature problem
+            raise ConfigError(f"{name}: {exc}") from None
+    return Params(**sections)
+
+
+def add_params_args(parser: argparse.ArgumentParser) -> None:
+    """The `--params FILE -S section.key=value` options shared by every entry point."""
+    parser.add_argument(
+        "--params",
+        default=None,
+        metavar="FILE",
+        help=f"params file (default: ${PARAMS_ENV} or {DEFAULT_PARAMS})",
+    )
+    parser.add_argument(
+        "-S",
+        "--set-param",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one param, as in `dvc exp run -S`; repeatable",
+    )
+
+
+def describe(section: str | None = None) -> str:
+    """Help text for every key, for --help epilogs and docs."""
+    lines = []
+    for name, cls in SECTIONS.items():
+        if section and name != section:
+            continue
+        for f in dataclasses.fields(cls):
+            lines.append(f"{name}.{f.name}: {f.metadata.get('help', '')}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m components.config", description="Print the effective params (after overrides) as YAML."
+    )
+    add_params_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        params = load_params(args.params, args.overrides)
+    except ConfigError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    print(yaml.safe_dump(params.to_dict(), sort_keys=False), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

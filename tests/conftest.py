@@ -1,0 +1,42 @@
+"""Shared test fixtures: every test runs with its state (MLflow, Prefect, DVC, HF) isolated
+under a temporary folder and with no network access to the Hugging Face hub."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Set before any test module imports transformers/datasets/mlflow/prefect.
+for key, value in {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}.items():
+    os.environ[key] = value
+
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+@pytest.fixture(autouse=True)
+def isolated_state(tmp_path_factory, monkeypatch):
+    """Point MLflow, Prefect, DVC's site cache and HF caches at a per-test temp folder."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{state / 'mlflow.db'}")
+    monkeypatch.setenv("PREFECT_HOME", str(state / "prefect"))
+    monkeypatch.setenv("DVC_SITE_CACHE_DIR", str(state / "dvc-site-cache"))
+    monkeypatch.setenv("HF_HOME", str(state / "hf"))
+    monkeypatch.delenv("GRPOFLOW_PARENT_RUN_ID", raising=False)
+    monkeypatch.delenv("GRPOFLOW_PARAMS", raising=False)
+    yield state
