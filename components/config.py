@@ -131,7 +131,23 @@ class EvaluateConfig:
 
 @dataclass
 class RegisterConfig:
+    enabled: bool = _f(True, "Register and gate-promote the model after the stages (false: the flow stops after dvc push).")
     model_name: str = _f("grpoflow-policy", "Name of the MLflow registered model.")
+    model_stage: str = _f(
+        "grpo",
+        "Stage whose model is registered: its <stage>.output_dir folder becomes the version, and its "
+        "evaluation items <evaluate.output_dir>/<stage>.items.jsonl are what the promotion gate compares.",
+    )
+    alpha: float = _f(
+        0.05, "Promotion gate: the exact McNemar p-value (challenger vs champion) must be below this.", gt=0.0, le=1.0
+    )
+    min_delta: float = _f(
+        0.0,
+        "Promotion gate: the challenger's accuracy must exceed the champion's by at least this much "
+        "(and by more than zero) on the same items.",
+        ge=0.0,
+        le=1.0,
+    )
 
 
 @dataclass
@@ -144,6 +160,12 @@ class TrackingConfig:
         "mlartifacts", "Artifact folder for a new experiment on a local (sqlite) store; ignored for servers."
     )
     experiment: str = _f("grpoflow", "MLflow experiment name.")
+    run_lock_timeout: float = _f(
+        600.0,
+        "Seconds a second pipeline run on the same checkout waits for the running one to finish before "
+        "failing with a message naming it (0: fail at once).",
+        ge=0.0,
+    )
 
 
 SECTIONS: dict[str, type] = {

@@ -1,0 +1,255 @@
+"""MLflow helpers shared by every stage and the flow: where to track, one run per stage.
+
+Each stage wraps its work in `stage_run`:
+
+    from components.tracking import stage_run
+    with stage_run("sft", params) as run:      # an mlflow.ActiveRun
+        ...                                     # mlflow.log_metric / log_artifact as usual
+
+`stage_run` sets the tracking URI (the MLFLOW_TRACKING_URI environment variable wins over
+`tracking.uri`; a relative sqlite path is made absolute against the repo root, so every
+process of one pipeline run writes to the same file), creates the experiment on first use
+(with its artifacts under `tracking.artifact_location` for local stores), starts a run
+named after the stage, nested under the pipeline's parent run when the flow put its id in
+GRPOFLOW_PARENT_RUN_ID, logs the params of the stage's sections (those its `dvc.yaml`
+entry lists, else the section named like the stage) flattened as `section.key`, and marks
+the run FAILED when the body raises (the exception propagates).
+
+Lineage helpers (`git_state`, `file_md5`, `sha256_tree`, `package_versions`) are used by
+the training flow to tag its parent run and by the registry to tag model versions.
+
+    python -m components.tracking     # print the resolved tracking URI and experiment
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import os
+import subprocess
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+PARENT_ENV = "GRPOFLOW_PARENT_RUN_ID"
+STAGE_TAG = "grpoflow.stage"
+LINEAGE_PACKAGES = ("torch", "transformers", "trl", "peft", "vllm", "prefect", "mlflow", "dvc")
+_LOCAL_SCHEMES = ("sqlite", "file", "")
+
+
+def repo_root(start: str | os.PathLike | None = None) -> Path:
+    """The nearest folder at or above `start` (default: cwd) holding `.dvc` or `dvc.yaml`; else `start`."""
+    here = Path(start or os.getcwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / ".dvc").is_dir() or (folder / "dvc.yaml").is_file():
+            return folder
+    return here
+
+
+def _scheme(uri: str) -> str:
+    return uri.split(":", 1)[0].lower() if "://" in uri else ""
+
+
+def resolve_tracking_uri(params: Any = None, base: str | os.PathLike | None = None) -> str:
+    """MLFLOW_TRACKING_URI if set, else `tracking.uri`; relative local paths made absolute against `base`."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or (params.tracking.uri if params is not None else "")
+    if not uri:
+        uri = "sqlite:///mlflow.db"
+    root = Path(base) if base is not None else repo_root()
+    scheme = _scheme(uri)
+    if scheme == "sqlite":
+        path = uri[len("sqlite:///") :]
+        if path and path != ":memory:" and not os.path.isabs(path):
+            return f"sqlite:///{(root / path).resolve()}"
+        return uri
+    if scheme == "":  # a bare folder is MLflow's file store
+        path = Path(uri)
+        return str(path if path.is_absolute() else (root / path).resolve())
+    return uri
+
+
+def resolve_artifact_location(params: Any, uri: str, base: str | os.PathLike | None = None) -> str | None:
+    """A file URI for new experiments on a local store; None lets a tracking server decide."""
+    if _scheme(uri) not in _LOCAL_SCHEMES or params is None or not params.tracking.artifact_location:
+        return None
+    loc = params.tracking.artifact_location
+    if "://" in loc:
+        return loc
+    root = Path(base) if base is not None else repo_root()
+    path = Path(loc) if os.path.isabs(loc) else root / loc
+    return path.resolve().as_uri()
+
+
+def configure(params: Any, base: str | os.PathLike | None = None) -> str:
+    """Point mlflow at the resolved URI and experiment (created if missing); returns the experiment id."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    uri = resolve_tracking_uri(params, base)
+    mlflow.set_tracking_uri(uri)
+    name = params.tracking.experiment if params is not None else "grpoflow"
+    client = mlflow.MlflowClient()
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            exp_id = client.create_experiment(name, artifact_location=resolve_artifact_location(params, uri, base))
+        except MlflowException:  # another process created it between our two calls
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            exp_id = exp.experiment_id
+    else:
+        exp_id = exp.experiment_id
+    mlflow.set_experiment(experiment_id=exp_id)
+    return exp_id
+
+
+def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """{'grpo': {'trainer': {'lr': 1e-5}}} -> {'grpo.trainer.lr': '1e-05'} (MLflow params are strings)."""
+    out: dict[str, str] = {}
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = str(value)
+    return out
+
+
+def stage_sections(stage: str, params: Any, dvc_yaml: str | os.PathLike | None = None) -> list[str]:
+    """Param sections the stage depends on: the top-level keys its dvc.yaml `params:` names."""
+    known = list(params.to_dict()) if params is not None else []
+    path = Path(dvc_yaml) if dvc_yaml else repo_root() / "dvc.yaml"
+    sections: list[str] = []
+    if path.is_file():
+        import yaml
+
+        try:
+            entry = (yaml.safe_load(path.read_text()) or {}).get("stages", {}).get(stage) or {}
+        except yaml.YAMLError:
+            entry = {}
+        for item in entry.get("params", []) or []:
+            # Items are "section", "section.key", or {params_file: [keys]}.
+            keys = [item] if isinstance(item, str) else [k for v in item.values() for k in (v or [])]
+            for key in keys:
+                section = str(key).split(".", 1)[0]
+                if section in known and section not in sections:
+                    sections.append(section)
+    if not sections and stage in known:
+        sections = [stage]
+    return sections
+
+
+@contextlib.contextmanager
+def stage_run(stage: str, params: Any, extra_params: Mapping[str, Any] | None = None) -> Iterator[Any]:
+    """An MLflow run for one stage, nested under the flow's parent run when there is one."""
+    import mlflow
+
+    configure(params)
+    parent = os.environ.get(PARENT_ENV) or None
+    active = mlflow.active_run()
+    nested = active is not None
+    if parent and active is not None and active.info.run_id != parent:
+        parent = None  # a run of this process is open: nest under it instead of the env's
+    run = mlflow.start_run(run_name=stage, parent_run_id=parent, nested=nested, tags={STAGE_TAG: stage})
+    try:
+        logged: dict[str, str] = {}
+        if params is not None:
+            full = params.to_dict()
+            for section in stage_sections(stage, params):
+                logged.update(flatten(full[section], f"{section}."))
+        if extra_params:
+            logged.update(flatten(extra_params))
+        if logged:
+            mlflow.log_params(logged)
+        yield run
+    except BaseException:
+        _end_until(run.info.run_id, "FAILED")
+        raise
+    else:
+        _end_until(run.info.run_id, "FINISHED")
+
+
+def _end_until(run_id: str, status: str) -> None:
+    """End runs the body left open, then ours (a stage's nested runs must not outlive it)."""
+    import mlflow
+
+    while (active := mlflow.active_run()) is not None:
+        mlflow.end_run(status=status)
+        if active.info.run_id == run_id:
+            return
+    mlflow.MlflowClient().set_terminated(run_id, status=status)  # the body already ended it
+
+
+# --------------------------------------------------------------------------- lineage
+
+
+def git_state(root: str | os.PathLike | None = None) -> dict[str, str]:
+    """{'git_commit': sha or 'unknown', 'git_dirty': 'true'|'false'|'unknown'} of the checkout."""
+    cwd = str(root or repo_root())
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd, capture_output=True, text=True, check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {"git_commit": "unknown", "git_dirty": "unknown"}
+    return {"git_commit": sha, "git_dirty": "true" if status.strip() else "false"}
+
+
+def file_md5(path: str | os.PathLike) -> str:
+    return hashlib.md5(Path(path).read_bytes()).hexdigest()
+
+
+def sha256_tree(path: str | os.PathLike) -> dict[str, str]:
+    """sha256 of a file, or of every file under a folder, keyed by path relative to `path`'s parent."""
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+    out = {}
+    for f in files:
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                h.update(chunk)
+        out[str(f.relative_to(p.parent))] = h.hexdigest()
+    return out
+
+
+def package_versions(names: tuple[str, ...] = LINEAGE_PACKAGES) -> dict[str, str]:
+    """Installed version of each distribution, 'not-installed' when absent (e.g. vllm on a CPU box)."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "not-installed"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from components.config import ConfigError, add_params_args, load_params
+
+    parser = argparse.ArgumentParser(
+        prog="python -m components.tracking", description="Print the resolved MLflow tracking URI and experiment."
+    )
+    add_params_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        params = load_params(args.params, args.overrides)
+    except ConfigError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    uri = resolve_tracking_uri(params)
+    print(f"tracking_uri: {uri}")
+    print(f"artifact_location: {resolve_artifact_location(params, uri)}")
+    print(f"experiment: {params.tracking.experiment}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

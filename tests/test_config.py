@@ -1,0 +1,82 @@
+"""params.yaml loading: defaults, -S overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.config import SECTIONS, ConfigError, load_params, parse_override
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_repo_params_load_and_match_dataclass_defaults():
+    params = load_params(REPO / "params.yaml")
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert set(raw) == set(SECTIONS)
+    for name, cls in SECTIONS.items():
+        section = getattr(params, name)
+        assert isinstance(section, cls)
+        # params.yaml is the one place defaults live: every dataclass field is spelled out there.
+        assert set(raw[name]) == {f.name for f in dataclasses.fields(cls)}, name
+
+
+def test_every_params_key_has_a_comment_and_help():
+    for line in (REPO / "params.yaml").read_text().splitlines():
+        if re.match(r"^\s+\w+:\s*\S", line):
+            assert "#" in line, f"params.yaml line without a comment: {line!r}"
+    for cls in SECTIONS.values():
+        for f in dataclasses.fields(cls):
+            assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("data.nope=1", r"data\.nope: unknown key; known keys of 'data':"),
+        ("nosection.key=1", r"unknown section 'nosection'"),
+        ("data.seed=abc", r"data\.seed: expected an integer, got 'abc'"),
+        ("data.seed=-1", r"data\.seed: expected a value >= 0, got -1"),
+        ("data.on_bad_rows=ignore", r"data\.on_bad_rows: expected one of \['fail', 'skip'\]"),
+        ("data.allow_overlap=maybe", r"data\.allow_overlap: expected true or false"),
+        ("data.train_source=csv:x", r"data\.train_source: expected 'synthetic', 'jsonl:PATH'"),
+        ("data.seed", r"expected section\.key=value"),
+        ("model.tiny_num_heads=3", r"model\.tiny_num_heads: 3 does not divide"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_params(REPO / "params.yaml", [override])
+
+
+def test_overrides_are_yaml_typed():
+    params = load_params(REPO / "params.yaml", ["data.seed=7", "data.allow_overlap=true", "data.output_dir=x/y"])
+    assert params.data.seed == 7 and params.data.allow_overlap is True and params.data.output_dir == "x/y"
+    assert parse_override("rewards.weights=[1, 0.5]") == ("rewards", "weights", [1, 0.5])
+
+
+def test_unknown_key_in_file(tmp_path):
+    p = tmp_path / "params.yaml"
+    p.write_text("data:\n  sed: 1\n")
+    with pytest.raises(ConfigError, match=r"data\.sed: unknown key"):
+        load_params(p)
+    p.write_text("datta:\n  seed: 1\n")
+    with pytest.raises(ConfigError, match=r"unknown section 'datta'"):
+        load_params(p)
+
+
+def test_missing_params_file_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="params file not found"):
+        load_params(tmp_path / "nope.yaml")
+
+
+def test_int_accepted_for_float_but_bool_rejected_for_int():
+    from components.config import _coerce
+
+    assert _coerce("k", 1, float) == 1.0
+    with pytest.raises(ConfigError):
+        _coerce("k", True, int)

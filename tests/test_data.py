@@ -1,0 +1,228 @@
+"""Stage prepare: sources, validation, overlap, atomic output and a real DVC round trip."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from components.config import DataConfig
+from components.data import DataError, run
+
+REPO = Path(__file__).resolve().parents[1]
+
+GSM8K_ROWS = [
+    {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
+        "to friends in May. How many clips did Natalia sell altogether in April and May?",
+        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+        "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72",
+    },
+    {
+        "question": "A company pays $1,000 a month. How much is that a year?",
+        "answer": "12 * 1000 = <<12*1000=12000>>12,000\n#### 12,000",
+    },
+    {"question": "Ann had $3.50 and spent $1. How much is left?", "answer": "3.50-1=<<3.50-1=2.50>>2.50\n#### $2.50"},
+]
+TEST_ROWS = [{"question": "What is 2 + 3?", "answer": "2+3=<<2+3=5>>5\n#### 5"}]
+
+
+def write_jsonl(path: Path, rows, raw_lines=()) -> Path:
+    lines = [json.dumps(r) for r in rows] + list(raw_lines)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def read_jsonl(path: Path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def cfg(tmp_path: Path, **kw) -> DataConfig:
+    base = dict(
+        train_source=f"jsonl:{write_jsonl(tmp_path / 'train.jsonl', GSM8K_ROWS)}",
+        test_source=f"jsonl:{write_jsonl(tmp_path / 'test.jsonl', TEST_ROWS)}",
+        output_dir=str(tmp_path / "out"),
+    )
+    base.update(kw)
+    return DataConfig(**base)
+
+
+def test_jsonl_source_converts_gsm8k_rows(tmp_path):
+    stats = run(cfg(tmp_path))
+    rows = read_jsonl(tmp_path / "out" / "train.jsonl")
+    assert [r["gold"] for r in rows] == ["72", "12000", "2.5"]
+    assert rows[0]["solution"].startswith("Natalia sold 48/2 = 24 clips in May.")
+    assert "<<" not in "".join(r["solution"] for r in rows)
+    assert "####" not in "".join(r["solution"] for r in rows)
+    assert rows[0]["id"] == "train-1" and set(rows[0]) == {"id", "question", "solution", "gold"}
+    assert stats["counts"] == {"train": 3, "test": 1}
+    import hashlib
+
+    for name in ("train.jsonl", "test.jsonl"):
+        digest = hashlib.sha256((tmp_path / "out" / name).read_bytes()).hexdigest()
+        assert stats["sha256"][name] == digest
+    assert json.loads((tmp_path / "out" / "stats.json").read_text()) == stats
+
+
+def test_synthetic_is_seeded_disjoint_and_in_gsm8k_format(tmp_path):
+    c = DataConfig(synthetic_train_size=300, synthetic_test_size=100, output_dir=str(tmp_path / "a"))
+    run(c)
+    first = (tmp_path / "a" / "train.jsonl").read_bytes()
+    c2 = DataConfig(synthetic_train_size=300, synthetic_test_size=100, output_dir=str(tmp_path / "b"))
+    run(c2)
+    assert (tmp_path / "b" / "train.jsonl").read_bytes() == first
+    c3 = DataConfig(synthetic_train_size=300, synthetic_test_size=100, seed=99, output_dir=str(tmp_path / "c"))
+    run(c3)
+    assert (tmp_path / "c" / "train.jsonl").read_bytes() != first
+    train = read_jsonl(tmp_path / "a" / "train.jsonl")
+    test = read_jsonl(tmp_path / "a" / "test.jsonl")
+    assert len(train) == 300 and len(test) == 100
+    assert not {r["question"] for r in train} & {r["question"] for r in test}
+    # The raw generator writes GSM8K's own answer format; the gold answer is the last step's result.
+    from components.data import synthetic_problem
+    import random
+
+    prob = synthetic_problem(random.Random(0))
+    assert "<<" in prob["answer"] and prob["answer"].splitlines()[-1].startswith("#### ")
+    for r in train[:50]:
+        assert r["solution"].splitlines()[-1].split("= ")[-1].split()[0] == r["gold"]
+
+
+@pytest.mark.parametrize(
+    "bad_line, reason",
+    [
+        ("{not json", "invalid JSON"),
+        (json.dumps({"answer": "1\n#### 1"}), "field 'question' is missing"),
+        (json.dumps({"question": "Q", "answer": "   "}), "field 'answer' is empty"),
+        (json.dumps({"question": "Q", "answer": "no final answer"}), "field 'answer' has no '#### <number>' final answer"),
+        (json.dumps({"question": "Q", "answer": "x\n#### seven"}), "field 'answer': final answer 'seven' is not a number"),
+        (json.dumps({"question": 5, "answer": "x\n#### 7"}), "field 'question' must be a string"),
+        (json.dumps(["q", "a"]), "expected a JSON object"),
+    ],
+)
+def test_bad_rows_fail_with_file_line_and_leave_outputs(tmp_path, bad_line, reason):
+    good = cfg(tmp_path)
+    run(good)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    bad_file = write_jsonl(tmp_path / "bad.jsonl", GSM8K_ROWS, [bad_line])
+    with pytest.raises(DataError) as err:
+        run(cfg(tmp_path, train_source=f"jsonl:{bad_file}"))
+    assert f"{bad_file}:4: {reason}" in str(err.value)
+    assert "1 bad row(s)" in str(err.value)
+    after = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    assert after == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out")) == []
+
+
+def test_skip_mode_drops_and_counts(tmp_path):
+    bad_file = write_jsonl(tmp_path / "bad.jsonl", GSM8K_ROWS, ["{oops", json.dumps({"question": "Q"})])
+    stats = run(cfg(tmp_path, train_source=f"jsonl:{bad_file}", on_bad_rows="skip"))
+    assert stats["counts"]["train"] == 3
+    assert stats["dropped"]["train"]["count"] == 2
+    assert stats["dropped"]["train"]["rows"][0].startswith(f"{bad_file}:4: invalid JSON")
+
+
+def test_many_bad_rows_are_counted(tmp_path):
+    bad_file = write_jsonl(tmp_path / "bad.jsonl", [], ["{x"] * 25)
+    with pytest.raises(DataError, match=r"25 bad row\(s\)[\s\S]*and 15 more"):
+        run(cfg(tmp_path, train_source=f"jsonl:{bad_file}"))
+
+
+def test_overlap_fails_unless_allowed(tmp_path):
+    test_file = write_jsonl(
+        tmp_path / "t.jsonl", [{"question": "  natalia SOLD clips to 48 of her friends in April, and then she sold "
+                                "half as many clips to friends in May.   How many clips did Natalia sell "
+                                "altogether in April and May?", "answer": "#### 72"}]
+    )
+    with pytest.raises(DataError, match=r"train\.jsonl:1: question also in the test split at .*t\.jsonl:1"):
+        run(cfg(tmp_path, test_source=f"jsonl:{test_file}"))
+    assert not (tmp_path / "out").exists()
+    stats = run(cfg(tmp_path, test_source=f"jsonl:{test_file}", allow_overlap=True))
+    assert stats["counts"] == {"train": 3, "test": 1}
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(DataError, match=r"nope\.jsonl: file not found"):
+        run(cfg(tmp_path, train_source=f"jsonl:{tmp_path / 'nope.jsonl'}"))
+
+
+def test_hf_source_from_a_local_dataset(tmp_path):
+    import datasets
+
+    dd = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(GSM8K_ROWS), "test": datasets.Dataset.from_list(TEST_ROWS)}
+    )
+    dd.save_to_disk(str(tmp_path / "saved"))
+    # Files in a folder go through datasets.load_dataset, the same call that reads the hub.
+    (tmp_path / "files").mkdir()
+    write_jsonl(tmp_path / "files" / "train.jsonl", GSM8K_ROWS)
+    write_jsonl(tmp_path / "files" / "test.jsonl", TEST_ROWS)
+    for src in (f"hf:{tmp_path / 'saved'}", f"hf:{tmp_path / 'files'}"):
+        out = tmp_path / ("out-" + Path(src).name)
+        stats = run(DataConfig(train_source=src, test_source=src, output_dir=str(out)))
+        assert stats["counts"] == {"train": 3, "test": 1}
+        assert [r["gold"] for r in read_jsonl(out / "train.jsonl")] == ["72", "12000", "2.5"]
+
+
+def test_hf_hub_unreachable_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match=r"hf:openai/gsm8k:main: could not load split 'test'"):
+        run(DataConfig(train_source="synthetic", test_source="hf:openai/gsm8k:main", output_dir=str(tmp_path / "o")))
+
+
+def test_cli_reports_file_line_and_exit_code(tmp_path):
+    bad_file = write_jsonl(tmp_path / "bad.jsonl", GSM8K_ROWS, ['{"question": "Q", "answer": "x\\n#### ?"}'])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("previous")
+    proc = subprocess.run(
+        [sys.executable, "-m", "components.data", "-S", f"data.train_source=jsonl:{bad_file}",
+         "-S", f"data.test_source=jsonl:{write_jsonl(tmp_path / 't.jsonl', TEST_ROWS)}", "-S", f"data.output_dir={out}"],
+        cwd=REPO, capture_output=True, text=True,
+    )
+    assert proc.returncode == 2
+    assert f"{bad_file}:4: field 'answer': final answer '?' is not a number" in proc.stderr
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env["PYTHONPATH"] = ""
+    return env
+
+
+def test_dvc_repro_skip_push_pull_round_trip(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for item in ("components", "params.yaml", "dvc.yaml"):
+        src = REPO / item
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, repo / item)
+    env = _env(tmp_path)
+
+    def sh(*cmd):
+        return subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, check=True).stdout
+
+    sh("git", "init", "-q")
+    sh("dvc", "init", "-q")
+    sh("dvc", "remote", "add", "-d", "store", str(tmp_path / "remote"))
+    # Keep the stage small and only the prepare stage.
+    params = (repo / "params.yaml").read_text().replace("synthetic_train_size: 4000", "synthetic_train_size: 200")
+    (repo / "params.yaml").write_text(params)
+    out = sh("dvc", "repro", "prepare")
+    assert "Running stage 'prepare'" in out
+    assert "didn't change, skipping" in sh("dvc", "repro", "prepare")
+    train = (repo / "data/processed/train.jsonl").read_bytes()
+    sh("dvc", "push")
+    shutil.rmtree(repo / "data/processed")
+    shutil.rmtree(repo / ".dvc/cache")
+    sh("dvc", "pull")
+    assert (repo / "data/processed/train.jsonl").read_bytes() == train
+    # A params change re-runs the stage.
+    (repo / "params.yaml").write_text(params.replace("seed: 1234", "seed: 4321"))
+    assert "Running stage 'prepare'" in sh("dvc", "repro", "prepare")
+    assert (repo / "data/processed/train.jsonl").read_bytes() != train

@@ -1,0 +1,156 @@
+"""Tests for components/tracking.py: URI resolution, nesting under the flow's parent run,
+params logging and FAILED status, against a real MLflow SQLite store.
+
+    pytest -q tests/test_tracking.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from components.config import load_params
+from components.tracking import (
+    PARENT_ENV,
+    STAGE_TAG,
+    flatten,
+    repo_root,
+    resolve_artifact_location,
+    resolve_tracking_uri,
+    sha256_tree,
+    stage_run,
+    stage_sections,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    (tmp_path / ".dvc").mkdir()
+    (tmp_path / "dvc.yaml").write_text(
+        textwrap.dedent(
+            """
+            stages:
+              grpo:
+                cmd: python -c pass
+                params: [model.name_or_path, grpo, rewards]
+            """
+        )
+    )
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_flatten_nested_and_lists():
+    assert flatten({"a": {"b": {"c": 1}, "d": [1, 2]}, "e": {}}) == {"a.b.c": "1", "a.d": "[1, 2]", "e": "{}"}
+
+
+@pytest.mark.parametrize(
+    "uri, expected",
+    [
+        ("sqlite:///mlflow.db", "sqlite:///{root}/mlflow.db"),
+        ("sqlite:///sub/../x.db", "sqlite:///{root}/x.db"),
+        ("sqlite:////abs/x.db", "sqlite:////abs/x.db"),
+        ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+        ("mlruns", "{root}/mlruns"),
+    ],
+)
+def test_resolve_tracking_uri(repo, monkeypatch, uri, expected):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    params = load_params(overrides=[f"tracking.uri={uri}"])
+    root = repo_root()
+    (root / "sub").mkdir(exist_ok=True)
+    monkeypatch.chdir(root / "sub")  # the root is found from a subfolder too
+    assert resolve_tracking_uri(params) == expected.format(root=root)
+
+
+def test_env_uri_wins_and_server_has_no_artifact_location(repo, monkeypatch):
+    params = load_params()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    uri = resolve_tracking_uri(params)
+    assert uri == "http://127.0.0.1:9"
+    assert resolve_artifact_location(params, uri) is None
+    assert resolve_artifact_location(params, "sqlite:///x.db") == (repo / "mlartifacts").as_uri()
+
+
+def test_stage_sections_from_dvc_yaml(repo):
+    params = load_params()
+    assert stage_sections("grpo", params) == ["model", "grpo", "rewards"]
+    assert stage_sections("evaluate", params) == ["evaluate"]  # not in dvc.yaml: its own section
+    assert stage_sections("unknown", params) == []
+
+
+def test_stage_run_nests_under_parent_and_logs_params(repo, monkeypatch):
+    import mlflow
+
+    params = load_params()
+    from components.tracking import configure
+
+    exp_id = configure(params)
+    client = mlflow.MlflowClient()
+    parent = client.create_run(exp_id, run_name="pipeline")
+    monkeypatch.setenv(PARENT_ENV, parent.info.run_id)
+
+    with stage_run("grpo", params, extra_params={"note": {"x": 1}}) as run:
+        mlflow.log_metric("m", 1.0)
+    child = client.get_run(run.info.run_id)
+    assert child.info.status == "FINISHED"
+    assert child.info.run_name == "grpo"
+    assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert child.data.tags[STAGE_TAG] == "grpo"
+    assert child.data.params["grpo.output_dir"] == params.grpo.output_dir
+    assert child.data.params["model.name_or_path"] == params.model.name_or_path
+    assert child.data.params["note.x"] == "1"
+    assert "data.seed" not in child.data.params  # only the stage's sections
+    assert mlflow.active_run() is None
+    exp = client.get_experiment(exp_id)
+    assert exp.artifact_location == (repo / "mlartifacts").as_uri()
+
+
+def test_stage_run_marks_failed_and_reraises(repo):
+    import mlflow
+
+    params = load_params()
+    with pytest.raises(RuntimeError, match="boom"):
+        with stage_run("grpo", params) as run:
+            mlflow.start_run(run_name="inner", nested=True)  # left open by the body
+            raise RuntimeError("boom")
+    client = mlflow.MlflowClient()
+    assert client.get_run(run.info.run_id).info.status == "FAILED"
+    assert mlflow.active_run() is None
+
+
+def test_stage_run_in_a_child_process_finds_parent(repo, monkeypatch):
+    """A DVC stage runs in another process: it finds the parent through the environment only."""
+    import mlflow
+
+    from components.tracking import configure
+
+    params = load_params()
+    exp_id = configure(params)
+    client = mlflow.MlflowClient()
+    parent = client.create_run(exp_id, run_name="pipeline")
+    monkeypatch.setenv(PARENT_ENV, parent.info.run_id)
+    code = (
+        "from components.config import load_params\n"
+        "from components.tracking import stage_run\n"
+        "with stage_run('grpo', load_params()) as r: print(r.info.run_id)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    ).stdout.strip().splitlines()[-1]
+    assert client.get_run(out).data.tags["mlflow.parentRunId"] == parent.info.run_id
+
+
+def test_sha256_tree(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("a")
+    got = sha256_tree(tmp_path / "d")
+    assert got == {"d/a.txt": "ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb"}
