@@ -93,10 +93,19 @@ class ModelConfig:
         "Weights dtype for training: 'auto' (bf16 on a GPU that supports it, else float32), 'float32', 'bfloat16', 'float16'.",
         choices=["auto", "float32", "bfloat16", "float16"],
     )
-    tiny_dir: str = _f("models/tiny", "Where the 'tiny' base model and its tokenizer are written.")
+    revision: str | None = _f(
+        None, "Hub revision (branch, tag or commit) of a Hugging Face model id; pin a commit to reproduce a run."
+    )
+    base_dir: str = _f(
+        "models/base",
+        "Where the `model` stage writes the base model (the tiny model built here, or a copy of name_or_path) "
+        "that SFT starts from.",
+    )
     tiny_hidden_size: int = _f(128, "Hidden width of the tiny model.", ge=16)
+    tiny_intermediate_size: int = _f(512, "MLP width of the tiny model.", ge=16)
     tiny_num_layers: int = _f(2, "Number of decoder layers of the tiny model.", ge=1)
     tiny_num_heads: int = _f(4, "Attention heads of the tiny model (must divide tiny_hidden_size).", ge=1)
+    tiny_max_positions: int = _f(512, "Longest sequence (prompt + completion, in tokens) the tiny model handles.", ge=64)
     tiny_vocab_size: int = _f(392, "Vocabulary size of the tiny model's locally trained BPE tokenizer.", ge=300)
     seed: int = _f(0, "Seed for the tiny model's initial weights and tokenizer.", ge=0)
 

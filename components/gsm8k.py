@@ -3,11 +3,33 @@
 One scorer for training and evaluation: the data stage normalizes gold answers
 with `normalize_number`, rewards and evaluation extract and compare answers with
 the functions here, so a completion is judged the same way everywhere.
+
+- The prompt: `SYSTEM_PROMPT`, `build_messages`, `render_prompt` (the tokenizer's chat
+  template where it has one, a short plain-text prompt otherwise).
+- The completion format: `format_target` writes the SFT target
+  `<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>`; `has_strict_format` checks it.
+- Answer extraction, by mode (`extract_answer`): `strict` (the `<answer>` tag of a
+  well-formed completion), `gsm8k` (the number after `####`), `flexible` (the last number
+  in the text, like lm-evaluation-harness's flexible-extract).
+- Comparison (`answers_match`, `is_correct`): numbers equal within a relative tolerance
+  of 1e-6 after dropping `$`, commas and a trailing period; simple fractions, `\\boxed{}`,
+  `\\frac{}{}`, percent signs and unit words are handled here; math-verify adds the rest
+  (LaTeX expressions) within a 30 ms budget, in the main thread only.
+
+Every function here is total and bounded: it never raises on a string input and looks at
+most at a bounded window of long texts, so rewards built on it cannot hang.
+
+    python -m doctest components/gsm8k.py   # or: pytest components/gsm8k.py
 """
 
 from __future__ import annotations
 
 import re
+import signal
+import threading
+import time
+from fractions import Fraction
+from typing import Any
 
 # GSM8K's calculator annotations, e.g. "48/2 = <<48/2=24>>24".
 _CALC_RE = re.compile(r"<<[^<>]*>>")
@@ -69,3 +91,351 @@ def split_gsm8k_answer(answer: str) -> tuple[str, str]:
     reasoning = strip_calculator(answer[:idx]).strip()
     final = answer[idx + 4 :].strip()
     return reasoning, final
+
+
+# --------------------------------------------------------------------------- prompt and format
+
+SYSTEM_PROMPT = (
+    "Solve the math problem. Respond in the following format:\n"
+    "<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>\n"
+    "The answer is a single number."
+)
+
+REASONING_OPEN, REASONING_CLOSE = "<reasoning>", "</reasoning>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+TAGS = (REASONING_OPEN, REASONING_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
+
+MODES = ("strict", "flexible", "gsm8k")
+
+
+def build_messages(question: str) -> list[dict[str, str]]:
+    """Chat messages for one problem: the system prompt, then the question.
+
+    >>> [m["role"] for m in build_messages("What is 2 + 3?")]
+    ['system', 'user']
+    """
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+
+
+def render_prompt(question: str, tokenizer: Any = None) -> str:
+    r"""The prompt string: the tokenizer's chat template (with the generation prompt) where it
+    has one, otherwise a short plain-text prompt the completion follows directly.
+
+    >>> render_prompt("What is 2 + 3?")
+    'Question: What is 2 + 3?\nAnswer:\n'
+    """
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(build_messages(question), tokenize=False, add_generation_prompt=True)
+    return f"Question: {question}\nAnswer:\n"
+
+
+def format_target(solution: str, gold: str) -> str:
+    """The SFT completion for a solution and its gold answer.
+
+    >>> print(format_target("3 + 4 = 7", "7"))
+    <reasoning>
+    3 + 4 = 7
+    </reasoning>
+    <answer>
+    7
+    </answer>
+    """
+    return f"{REASONING_OPEN}\n{solution.strip()}\n{REASONING_CLOSE}\n{ANSWER_OPEN}\n{str(gold).strip()}\n{ANSWER_CLOSE}"
+
+
+def _strict_parts(text: str) -> tuple[str, str] | None:
+    """(reasoning, answer) of a well-formed completion, else None.
+
+    Well-formed: optional whitespace, `<reasoning>`, text, `</reasoning>`, whitespace,
+    `<answer>`, a non-empty answer, `</answer>`, optional whitespace; each tag exactly once.
+    Plain `str` scans only, so the cost is linear in the text whatever it contains.
+    """
+    if not isinstance(text, str):
+        return None
+    s = text.strip()
+    if not (s.startswith(REASONING_OPEN) and s.endswith(ANSWER_CLOSE)):
+        return None
+    if any(s.count(tag) != 1 for tag in TAGS):
+        return None
+    r_close = s.find(REASONING_CLOSE)
+    a_open = s.find(ANSWER_OPEN)
+    if a_open < r_close or s[r_close + len(REASONING_CLOSE) : a_open].strip():
+        return None
+    reasoning = s[len(REASONING_OPEN) : r_close].strip()
+    answer = s[a_open + len(ANSWER_OPEN) : len(s) - len(ANSWER_CLOSE)].strip()
+    if not answer:
+        return None
+    return reasoning, answer
+
+
+def has_strict_format(text: str) -> bool:
+    """True when `text` is exactly one `<reasoning>` block followed by one non-empty
+    `<answer>` block (whitespace around and between the blocks is allowed).
+
+    >>> has_strict_format(format_target("3 + 4 = 7", "7"))
+    True
+    >>> has_strict_format("<reasoning>x</reasoning><answer>7</answer>")
+    True
+    >>> has_strict_format("Sure! <reasoning>x</reasoning><answer>7</answer>")
+    False
+    >>> has_strict_format("<reasoning>x</reasoning><answer> </answer>")
+    False
+    """
+    return _strict_parts(text) is not None
+
+
+# --------------------------------------------------------------------------- extraction
+
+# An unsigned number as lm-evaluation-harness's flexible-extract sees it, but with at least
+# one digit and commas only between digits. Each alternative is deterministic (no nested
+# or overlapping quantifiers), so matching is linear even on thousands of digits.
+_NUM_RE = re.compile(r"\d(?:,?\d)*(?:\.\d+)?|\.\d+")
+_MINUSES = "-\u2212"  # ASCII hyphen-minus and the Unicode minus sign
+FLEX_WINDOW = 16_384  # flexible mode reads the last 16 KiB of a completion ...
+MAX_NUMBER_CHARS = 2_048  # ... plus this much when the last number straddles the window edge
+GSM8K_WINDOW = 4_096  # gsm8k mode reads this much after `####`
+
+
+def _signed(text: str, start: int, digits: str) -> str | None:
+    """`digits` (found at `start` in `text`) with a minus sign when one precedes it, possibly
+    with `$` in between ("-5", "-$5", "$-5"), and is not a subtraction ("10-5")."""
+    i = start - 1
+    if i >= 0 and text[i] == "$":
+        i -= 1
+    negative = i >= 0 and text[i] in _MINUSES
+    if negative and i > 0:
+        before = text[i - 1]
+        negative = not (before.isalnum() or before in ")]}")
+    if not negative and start > 0 and text[start - 1] == "$" and start > 1 and text[start - 2] in _MINUSES:
+        negative = True
+    return normalize_number(("-" if negative else "") + digits)
+
+
+def _last_number(text: str) -> str | None:
+    for window in (FLEX_WINDOW, FLEX_WINDOW + MAX_NUMBER_CHARS):
+        offset = max(0, len(text) - window)
+        tail = text[offset:]
+        last = None
+        for last in _NUM_RE.finditer(tail):
+            pass
+        if last is None:
+            return None
+        cut = offset > 0 and last.start() == 0 and text[offset - 1] in "0123456789,."
+        if not cut:
+            return _signed(tail, last.start(), last.group())
+    return None  # a number of more than MAX_NUMBER_CHARS characters is not an answer
+
+
+def _after_hashes(text: str) -> str | None:
+    idx = text.find("####")
+    if idx < 0:
+        return None
+    seg = text[idx + 4 : idx + 4 + GSM8K_WINDOW]
+    m = re.match(r"[ \t]*([-\u2212]?)[ \t]*\$?[ \t]*([-\u2212]?)", seg)
+    rest = seg[m.end() :]
+    num = _NUM_RE.match(rest)
+    if num is None or (len(num.group()) == len(rest) and len(seg) == GSM8K_WINDOW):
+        return None
+    return normalize_number(("-" if (m.group(1) or m.group(2)) else "") + num.group())
+
+
+def extract_answer(text: str, mode: str = "strict") -> str | None:
+    r"""The answer a completion gives, or None when it gives none in this mode.
+
+    - `strict`: the stripped content of the `<answer>` tag of a well-formed completion
+      (see `has_strict_format`), as written.
+    - `gsm8k`: the number after the first `####`, normalized.
+    - `flexible`: the last number in the text, normalized: `$`, thousands commas and a
+      trailing period are ignored, a minus sign counts unless it is a subtraction.
+
+    >>> extract_answer("<reasoning>25 * 4 = 100</reasoning>\n<answer>\n$1,000\n</answer>", "strict")
+    '$1,000'
+    >>> extract_answer("She pays 2 * 5 = 10 dollars.\n#### 10", "gsm8k")
+    '10'
+    >>> [extract_answer(t, "flexible") for t in ["A: 1,000", "A: $5.", "A: 5 dollars", "A: -3", "A: .5", "10-4"]]
+    ['1000', '5', '5', '-3', '0.5', '4']
+    """
+    if not isinstance(text, str):
+        return None
+    if mode == "strict":
+        parts = _strict_parts(text)
+        return parts[1] if parts else None
+    if mode == "flexible":
+        return _last_number(text)
+    if mode == "gsm8k":
+        return _after_hashes(text)
+    raise ValueError(f"unknown extraction mode {mode!r}; known modes: {', '.join(MODES)}")
+
+
+# --------------------------------------------------------------------------- comparison
+
+REL_TOL = 1e-6
+MAX_CHEAP_CHARS = 200  # answers longer than this are compared as plain numbers only
+MATH_VERIFY_MAX_CHARS = 100  # longer answers never reach math-verify
+MATH_VERIFY_BUDGET_S = 0.03  # wall-clock budget of one math-verify comparison
+
+_UNWRAP_RE = re.compile(r"^(?:\\boxed\{(.*)\}|\\\((.*)\\\)|\\\[(.*)\\\]|\$(.*)\$)$", re.DOTALL)
+_TEXT_RE = re.compile(r"\\(?:text|mathrm|textbf)\{([^{}]*)\}")
+_FRAC_RE = re.compile(r"^([-+]?)\s*\\[dt]?frac\{\s*([-+]?\d+)\s*\}\{\s*(\d+)\s*\}$|^([-+]?\d+)\s*/\s*(\d+)$")
+# A number, an optional percent sign, then up to three unit words: "18", "$18.00", "50%",
+# "18 dollars", "-3 degrees Celsius". Applied only to strings of at most MAX_CHEAP_CHARS.
+_NUMBER_WITH_UNIT_RE = re.compile(
+    r"^([-+\u2212]?)\s*\$?\s*([-+\u2212]?)(\d(?:,?\d)*(?:\.\d*)?|\.\d+)\s*(?:%\s*)?"
+    r"(?:[^\W\d_]+\.?(?:\s+[^\W\d_]+\.?){0,2})?\.?$"
+)
+
+
+def _to_fraction(text: str) -> Fraction | None:
+    """An exact value for a plain-number answer in any of the forms above, else None."""
+    s = text.strip()
+    if len(s) > MAX_CHEAP_CHARS:
+        norm = normalize_number(s)
+        return _fraction(norm) if norm is not None else None
+    for _ in range(3):  # nested wrappers: $\boxed{18}$
+        m = _UNWRAP_RE.match(s)
+        if not m:
+            break
+        s = next(g for g in m.groups() if g is not None).strip()
+    s = _TEXT_RE.sub(r"\1", s)
+    s = s.replace("\\$", "$").replace("\\%", "%").replace("{,}", ",").replace("\\,", "").replace("\\!", "").strip()
+    m = _FRAC_RE.match(s)
+    if m:
+        sign, num, den = (m.group(1), m.group(2), m.group(3)) if m.group(2) is not None else ("", m.group(4), m.group(5))
+        value = _fraction(num), _fraction(den)
+        if value[0] is None or not value[1]:
+            return None
+        return (-1 if sign == "-" else 1) * value[0] / value[1]
+    m = _NUMBER_WITH_UNIT_RE.match(s)
+    if not m:
+        return None
+    norm = normalize_number(m.group(3))
+    value = _fraction(norm) if norm is not None else None
+    if value is not None and (m.group(1) or m.group(2)) in _MINUSES and (m.group(1) or m.group(2)):
+        value = -value
+    return value
+
+
+def _fraction(norm: str) -> Fraction | None:
+    try:  # int() refuses strings of more than 4300 digits; such numbers are compared as text
+        return Fraction(norm)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _close(a: Fraction, b: Fraction) -> bool:
+    return a == b or abs(a - b) <= Fraction(REL_TOL) * max(abs(a), abs(b))
+
+
+class _Deadline(BaseException):
+    """Raised by the SIGALRM handler; a BaseException so math-verify's `except Exception` lets it through."""
+
+
+_mv_state: dict[str, Any] = {}
+
+
+def _math_verify() -> tuple[Any, Any] | None:
+    """(parse, verify) from math-verify, imported and warmed up once (the first parse builds
+    its grammar, ~0.1 s, which must not count against the per-comparison budget)."""
+    if "funcs" not in _mv_state:
+        try:
+            import math_verify.grader
+            import math_verify.parser
+            from math_verify import parse, verify
+
+            # We supply the timeout ourselves (a sub-second SIGALRM timer), so silence its
+            # one-time "timeout is disabled" warning.
+            math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+            math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+            verify(parse("$\\frac{1}{2}$", parsing_timeout=None), parse("0.5", parsing_timeout=None), timeout_seconds=None)
+            _mv_state["funcs"] = (parse, verify)
+        except Exception:  # not installed or broken: the built-in equivalences still apply
+            _mv_state["funcs"] = None
+    return _mv_state["funcs"]
+
+
+def warm_up() -> None:
+    """Import and warm math-verify now, so that no later comparison pays for it.
+    Rewards and grading call this once before scoring."""
+    _math_verify()
+
+
+def _math_verify_equal(pred: str, gold: str) -> bool:
+    """math-verify's judgement within MATH_VERIFY_BUDGET_S, or False.
+
+    math-verify's own timeouts are whole seconds of `signal.alarm`, which only works in the
+    main thread; here a sub-second `setitimer` in the main thread bounds parse and verify
+    together, and any other thread skips math-verify (built-in equivalences only).
+    """
+    if len(pred) > MATH_VERIFY_MAX_CHARS or len(gold) > MATH_VERIFY_MAX_CHARS:
+        return False
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        return False
+    funcs = _math_verify()
+    if funcs is None:
+        return False
+    parse, verify = funcs
+
+    def on_alarm(signum, frame):
+        raise _Deadline
+
+    start = time.monotonic()
+    try:
+        old_handler = signal.signal(signal.SIGALRM, on_alarm)
+    except ValueError:  # not the main interpreter
+        return False
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, MATH_VERIFY_BUDGET_S)
+    try:
+        wrap = (lambda s: s) if "$" in pred or "\\" in pred else (lambda s: f"${s}$")
+        g = parse(wrap(gold) if "$" not in gold else gold, parsing_timeout=None)
+        p = parse(wrap(pred), parsing_timeout=None)
+        return bool(g and p and verify(g, p, timeout_seconds=None))
+    except _Deadline:
+        return False
+    except Exception:
+        return False
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        if old_delay > 0:  # give a timer that was running before us its remaining time back
+            signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - start), 1e-3), old_interval)
+
+
+def answers_match(pred: str | None, gold: str | None) -> bool:
+    r"""True when the predicted answer equals the gold answer.
+
+    Plain numbers compare by value within a relative tolerance of 1e-6 (`$`, commas,
+    trailing zeros and a trailing period do not matter); fractions, `\boxed{}`, percent
+    signs and unit words are understood; other expressions go to math-verify.
+
+    >>> [answers_match(p, "18") for p in ["18", "18.0", "$18", "18.00", "18 dollars", "\\boxed{18}", "19"]]
+    [True, True, True, True, True, True, False]
+    >>> answers_match("1,000", "1000"), answers_match("9.999999999999999", "10"), answers_match("1/2", "0.5")
+    (True, True, True)
+    >>> answers_match(None, "3"), answers_match("", "")
+    (False, False)
+    """
+    if pred is None or gold is None:
+        return False
+    pred, gold = str(pred).strip(), str(gold).strip()
+    if not pred or not gold:
+        return False
+    p_norm, g_norm = normalize_number(pred), normalize_number(gold)
+    if p_norm is not None and p_norm == g_norm:
+        return True
+    p, g = _to_fraction(pred), _to_fraction(gold)
+    if p is not None and g is not None:
+        return _close(p, g)
+    if p_norm is not None and g_norm is not None:
+        return False  # plain numbers too long for exact arithmetic, and not equal as text
+    return _math_verify_equal(pred, gold)
+
+
+def is_correct(text: str, gold: str | None, mode: str = "strict") -> bool:
+    r"""True when the completion's answer in `mode` matches `gold`.
+
+    >>> is_correct(format_target("325 - 48 = 277", "277"), "277")
+    True
+    >>> is_correct("Mr. Curtis has 325 - 28 = 297 hens ... 305 hens.\nA: 305", "277", mode="flexible")
+    False
+    """
+    return answers_match(extract_answer(text, mode), gold)

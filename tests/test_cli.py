@@ -1,0 +1,44 @@
+"""The `grpoflow` CLI: fast start-up (no heavy imports for --help) and every subcommand's help."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "transformers", "mlflow", "prefect", "trl", "datasets", "dvc")
+
+
+def test_help_imports_no_heavy_module():
+    code = (
+        "import sys\n"
+        "from pipelines import cli\n"
+        "try:\n    cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("command", ["run", "evaluate", "grade", "promote", "rollback", "deploy", "serve", "ui"])
+def test_subcommand_help(command):
+    out = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", command, "--help"], cwd=REPO, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"grpoflow {command}" in out.stdout
+
+
+def test_every_handler_resolves():
+    import importlib
+
+    from pipelines.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, p in sub.choices.items():
+        module, func = p.get_default("handler").split(":")
+        assert callable(getattr(importlib.import_module(module), func)), name
