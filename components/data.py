@@ -81,7 +81,7 @@ def convert_row(obj: Any, default_id: str) -> dict[str, str]:
     try:
         solution, final = split_gsm8k_answer(obj["answer"])
     except ValueError:
-        raise DataError(f"field 'answer' has no '#### <number>' final answer") from None
+        raise DataError("field 'answer' has no '#### <number>' final answer") from None
     gold = normalize_number(final)
     if gold is None:
         raise DataError(f"field 'answer': final answer {final[:40]!r} is not a number")

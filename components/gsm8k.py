@@ -14,7 +14,7 @@ the functions here, so a completion is judged the same way everywhere.
 - Comparison (`answers_match`, `is_correct`): numbers equal within a relative tolerance
   of 1e-6 after dropping `$`, commas and a trailing period; simple fractions, `\\boxed{}`,
   `\\frac{}{}`, percent signs and unit words are handled here; math-verify adds the rest
-  (LaTeX expressions) within a 30 ms budget, in the main thread only.
+  (LaTeX expressions) within a 25 ms budget, in the main thread only.
 
 Every function here is total and bounded: it never raises on a string input and looks at
 most at a bounded window of long texts, so rewards built on it cannot hang.
@@ -267,26 +267,42 @@ def extract_answer(text: str, mode: str = "strict") -> str | None:
     raise ValueError(f"unknown extraction mode {mode!r}; known modes: {', '.join(MODES)}")
 
 
+def gold_from_answer(answer: str) -> str | None:
+    r"""The gold number of a reference solution: GSM8K's `#### N` line, or the `A: N` last line
+    of GSM8K's published model samples, or the whole text when it is a number; else None.
+
+    >>> [gold_from_answer(a) for a in ["3 + 4 = 7\n#### 7", "3 + 4 = 7\nA: 1,000", "42", "seven"]]
+    ['7', '1000', '42', None]
+    """
+    if not isinstance(answer, str):
+        return None
+    gold = extract_answer(answer, "gsm8k")
+    if gold is not None:
+        return gold
+    last = answer.strip().rsplit("\n", 1)[-1].strip()
+    if last.startswith("A:"):
+        return normalize_number(last[2:])
+    return normalize_number(answer)
+
+
 # --------------------------------------------------------------------------- comparison
 
 REL_TOL = 1e-6
 MAX_CHEAP_CHARS = 200  # answers longer than this are compared as plain numbers only
 MATH_VERIFY_MAX_CHARS = 100  # longer answers never reach math-verify
-MATH_VERIFY_BUDGET_S = 0.03  # wall-clock budget of one math-verify comparison
+MATH_VERIFY_BUDGET_S = 0.025  # wall-clock budget of one math-verify comparison
 
 _UNWRAP_RE = re.compile(r"^(?:\\boxed\{(.*)\}|\\\((.*)\\\)|\\\[(.*)\\\]|\$(.*)\$)$", re.DOTALL)
 _TEXT_RE = re.compile(r"\\(?:text|mathrm|textbf)\{([^{}]*)\}")
 _FRAC_RE = re.compile(r"^([-+]?)\s*\\[dt]?frac\{\s*([-+]?\d+)\s*\}\{\s*(\d+)\s*\}$|^([-+]?\d+)\s*/\s*(\d+)$")
-# A number, an optional percent sign, then up to three unit words: "18", "$18.00", "50%",
-# "18 dollars", "-3 degrees Celsius". Applied only to strings of at most MAX_CHEAP_CHARS.
-_NUMBER_WITH_UNIT_RE = re.compile(
-    r"^([-+\u2212]?)\s*\$?\s*([-+\u2212]?)(\d(?:,?\d)*(?:\.\d*)?|\.\d+)\s*(?:%\s*)?"
-    r"(?:[^\W\d_]+\.?(?:\s+[^\W\d_]+\.?){0,2})?\.?$"
-)
+# Answers that may go to math-verify: LaTeX or an arithmetic expression. Prose such as
+# "18 or 19" does not (math-verify would pick one of its numbers: a hedge that pays).
+_MATHY_RE = re.compile(r"[\\^{}/*+()=]")
 
 
 def _to_fraction(text: str) -> Fraction | None:
-    """An exact value for a plain-number answer in any of the forms above, else None."""
+    """An exact value for a plain-number answer, else None: a number with `$`, commas, `%`
+    or words around it, a fraction `a/b` or `\\frac{a}{b}`, in `\\boxed{}` or `$...$`."""
     s = text.strip()
     if len(s) > MAX_CHEAP_CHARS:
         norm = normalize_number(s)
@@ -305,14 +321,16 @@ def _to_fraction(text: str) -> Fraction | None:
         if value[0] is None or not value[1]:
             return None
         return (-1 if sign == "-" else 1) * value[0] / value[1]
-    m = _NUMBER_WITH_UNIT_RE.match(s)
-    if not m:
+    # One number, whatever surrounds it, is the answer: "18", "$18.00", "50%", "18 dollars",
+    # "A: 18", "x = -3". Two or more numbers ("18 or 19", "2 + 2") are not a plain answer.
+    if _MATHY_RE.search(s.replace("=", "")):  # "\\sqrt{4}", "2^3": an expression, not a number
         return None
-    norm = normalize_number(m.group(3))
-    value = _fraction(norm) if norm is not None else None
-    if value is not None and (m.group(1) or m.group(2)) in _MINUSES and (m.group(1) or m.group(2)):
-        value = -value
-    return value
+    numbers = _NUM_RE.finditer(s)
+    first = next(numbers, None)
+    if first is None or next(numbers, None) is not None:
+        return None
+    norm = _signed(s, first.start(), first.group())
+    return _fraction(norm) if norm is not None else None
 
 
 def _fraction(norm: str) -> Fraction | None:
@@ -331,6 +349,18 @@ class _Deadline(BaseException):
 
 
 _mv_state: dict[str, Any] = {}
+# One comparison per common answer form: each form's first use builds parser and sympy state
+# (10-150 ms) that must not count against a later comparison's budget.
+_WARM_UP = [
+    ("$\\frac{1}{2}$", "$0.5$"),
+    ("$2^{3}$", "$8$"),
+    ("$\\sqrt{4}$", "$2$"),
+    ("$3 \\times 4$", "$12$"),
+    ("$5 \\cdot 3$", "$15$"),
+    ("$x = 5$", "$5$"),
+    ("$1.5\\%$", "$1.5$"),
+    ("$\\boxed{18}$", "$18$"),
+]
 
 
 def _math_verify() -> tuple[Any, Any] | None:
@@ -346,7 +376,8 @@ def _math_verify() -> tuple[Any, Any] | None:
             # one-time "timeout is disabled" warning.
             math_verify.parser.TIMEOUT_WARNING_SHOWN = True
             math_verify.grader.TIMEOUT_WARNING_SHOWN = True
-            verify(parse("$\\frac{1}{2}$", parsing_timeout=None), parse("0.5", parsing_timeout=None), timeout_seconds=None)
+            for pred, gold in _WARM_UP:
+                verify(parse(gold, parsing_timeout=None), parse(pred, parsing_timeout=None), timeout_seconds=None)
             _mv_state["funcs"] = (parse, verify)
         except Exception:  # not installed or broken: the built-in equivalences still apply
             _mv_state["funcs"] = None
@@ -355,7 +386,8 @@ def _math_verify() -> tuple[Any, Any] | None:
 
 def warm_up() -> None:
     """Import and warm math-verify now, so that no later comparison pays for it.
-    Rewards and grading call this once before scoring."""
+    `rewards.get_reward_funcs` calls it; otherwise the first comparison that needs
+    math-verify does it, outside its budget."""
     _math_verify()
 
 
@@ -385,9 +417,8 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
         return False
     old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, MATH_VERIFY_BUDGET_S)
     try:
-        wrap = (lambda s: s) if "$" in pred or "\\" in pred else (lambda s: f"${s}$")
-        g = parse(wrap(gold) if "$" not in gold else gold, parsing_timeout=None)
-        p = parse(wrap(pred), parsing_timeout=None)
+        g = parse(gold if "$" in gold else f"${gold}$", parsing_timeout=None)
+        p = parse(pred if "$" in pred else f"${pred}$", parsing_timeout=None)
         return bool(g and p and verify(g, p, timeout_seconds=None))
     except _Deadline:
         return False
@@ -427,6 +458,10 @@ def answers_match(pred: str | None, gold: str | None) -> bool:
         return _close(p, g)
     if p_norm is not None and g_norm is not None:
         return False  # plain numbers too long for exact arithmetic, and not equal as text
+    # math-verify only for an ASCII expression against a number or an expression: LaTeX
+    # answers are ASCII, and prose or unicode noise would only spend its budget.
+    if not (pred.isascii() and _MATHY_RE.search(pred)) or (g is None and not _MATHY_RE.search(gold)):
+        return False
     return _math_verify_equal(pred, gold)
 
 

@@ -29,16 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from components.config import ConfigError, ModelConfig, add_params_args, load_params
+from components.finetune import InputError
 
 log = logging.getLogger("grpoflow.modeling")
 
 TINY = "tiny"
-# ChatML, as Qwen2 uses it: the tiny model speaks the same template as the real ones.
+# ChatML, as Qwen2 uses it, minus the system turn: a model of half a million parameters cannot
+# follow instructions, it learns the answer format from SFT; and the system prompt would be a
+# third of every training sequence, i.e. a third of the CPU time of SFT and GRPO.
 BOS_TOKEN = "<|im_start|>"
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
+    "{%- for message in messages if message['role'] != 'system' -%}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\n' }}{%- endif -%}"
@@ -89,23 +92,58 @@ def load_model(name_or_path: str | os.PathLike, cfg: ModelConfig):
     )
 
 
-def load_model_and_tokenizer(path: str | os.PathLike, cfg: ModelConfig, *, what: str = "model"):
-    """Load a model folder written by an earlier stage; a missing one fails naming the stage to run."""
+def require_model_dir(path: str | os.PathLike, what: str, stage: str) -> None:
+    """Fail early, naming the stage that writes the folder, when a model folder is missing."""
     if not is_model_dir(path):
         raise FileNotFoundError(
             f"{what} folder {path} is missing or has no config.json and *.safetensors; "
-            f"run the stage that writes it first (e.g. `dvc repro {_stage_for(what)}`)"
+            f"run `dvc repro {stage}` (or `python -m components.{_MODULES.get(stage, stage)}`) first"
         )
+
+
+_MODULES = {"model": "modeling"}
+
+
+def load_model_and_tokenizer(path: str | os.PathLike, cfg: ModelConfig):
+    """Model and tokenizer of a model folder (or hub id)."""
     return load_model(path, cfg), load_tokenizer(path, cfg)
-
-
-def _stage_for(what: str) -> str:
-    return {"base model": "model", "SFT model": "sft", "GRPO model": "grpo"}.get(what, what)
 
 
 def _revision(name_or_path: str | os.PathLike, cfg: ModelConfig) -> str | None:
     # A revision only means something for a hub id, not for a folder written by a stage.
     return cfg.revision if str(name_or_path) == cfg.name_or_path and not Path(str(name_or_path)).exists() else None
+
+
+def generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 256, batch_size: int = 64) -> list[str]:
+    """Greedy completions of rendered prompts, batched with left padding (tokenized as TRL's GRPO
+    trainer tokenizes text prompts)."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    # Stop at any of the model's eos tokens and the tokenizer's, as TRL's trainers do.
+    eos = model.generation_config.eos_token_id
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id not in eos:
+        eos.insert(0, tokenizer.eos_token_id)
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    out: list[str] = []
+    try:
+        for i in range(0, len(prompts), batch_size):
+            enc = tokenizer(prompts[i : i + batch_size], return_tensors="pt", padding=True).to(model.device)
+            with torch.inference_mode():
+                ids = model.generate(
+                    **enc,
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id,
+                    eos_token_id=eos,
+                )
+            out += tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return out
 
 
 # --------------------------------------------------------------------------- atomic outputs
@@ -152,32 +190,33 @@ def save_model(model, tokenizer, out_dir: str | os.PathLike, extra_files: dict[s
 
 
 def read_texts(train_path: str | os.PathLike) -> list[str]:
-    """Questions, solutions and tagged targets of the train split: the tokenizer's corpus."""
+    """The tokenizer's corpus: what the model reads and writes in training, i.e. per train row the
+    question and the tagged target (the tiny chat template drops the system prompt)."""
     from components import gsm8k
+    from components.finetune import read_rows
 
-    texts = [gsm8k.SYSTEM_PROMPT]
-    path = Path(train_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: train split not found; run `dvc repro prepare` first")
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            try:
-                row = json.loads(line)
-                texts += [row["question"], gsm8k.format_target(row["solution"], row["gold"])]
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ValueError(f"{path}:{lineno}: bad row ({exc!r})") from None
+    texts = []
+    for row in read_rows(train_path):
+        texts += [row["question"], gsm8k.format_target(row["solution"], row["gold"])]
     return texts
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int):
+def train_tokenizer(texts: Iterable[str], vocab_size: int, model_max_length: int = 512):
     """Byte-level BPE trained on `texts`, digits split into single tokens, with ChatML specials."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
 
+    # Exactly Qwen2's pipeline (NFC, Qwen2's split regex, byte-level BPE): transformers rebuilds a
+    # qwen2 model's tokenizer with it on load, and vLLM reads tokenizer.json as saved; both must
+    # see the tokenizer trained here. The regex puts every digit in a token of its own, which
+    # arithmetic needs.
     tok = Tokenizer(models.BPE())
-    # Digits one by one (as Qwen and Llama 3 do): arithmetic needs a per-digit view of numbers.
+    tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -187,15 +226,20 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int):
         show_progress=False,
     )
     tok.train_from_iterator(list(texts), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+    # Rebuilt as transformers' own Qwen2 tokenizer class (same pipeline as above), so that the
+    # saved folder names a class every transformers and vLLM version knows.
+    state = json.loads(tok.to_str())["model"]
+    return Qwen2Tokenizer(
+        vocab=state["vocab"],
+        merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in state["merges"]],
+        unk_token=None,
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
+        extra_special_tokens=[BOS_TOKEN],
         padding_side="left",  # decoder-only generation pads on the left
-        model_max_length=1024,
+        model_max_length=model_max_length,
+        chat_template=CHAT_TEMPLATE,
     )
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
 
 
 def build_tiny(cfg: ModelConfig, train_path: str | os.PathLike):
@@ -203,7 +247,7 @@ def build_tiny(cfg: ModelConfig, train_path: str | os.PathLike):
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = train_tokenizer(read_texts(train_path), cfg.tiny_vocab_size)
+    tokenizer = train_tokenizer(read_texts(train_path), cfg.tiny_vocab_size, cfg.tiny_max_positions)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=cfg.tiny_hidden_size,
@@ -253,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params(args.params, args.overrides)
         run(params.model, Path(params.data.output_dir) / "train.jsonl")
-    except (ConfigError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, InputError, OSError) as exc:  # OSError: a hub id that cannot be fetched
         parser.exit(2, f"error: {exc}\n")
     return 0
 

@@ -48,13 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, metavar="PATH_OR_URI", help="model folder or models:/NAME@ALIAS")
     p.add_argument("--data", default=None, metavar="SOURCE",
                    help="jsonl:PATH or hf:NAME[:CONFIG] (default: the prepared test split)")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="evaluate the first N problems")
-    p.add_argument("--protocol", choices=["grpoflow", "lm-eval-gsm8k"], default="grpoflow",
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="evaluate the first N problems (default: evaluate.limit; 0 = all)")
+    p.add_argument("--protocol", choices=["grpoflow", "lm-eval-gsm8k"], default=None,
                    help="grpoflow: the training prompt and tag format; lm-eval-gsm8k: lm-evaluation-harness's "
-                   "5-shot gsm8k task")
+                   "5-shot gsm8k task (default: evaluate.protocol from params)")
     p.add_argument("--backend", choices=["auto", "vllm", "transformers"], default=None,
                    help="generation backend (default: evaluate.backend from params)")
-    p.add_argument("--output", default=None, metavar="DIR", help="write metrics and items here")
+    p.add_argument("--output", default=None, metavar="DIR",
+                   help="write <name>.json and <name>.items.jsonl here (default: <evaluate.output_dir>/cli/<name>)")
     _add_params(p)
     p.set_defaults(handler="components.evaluate:cli_evaluate")
 

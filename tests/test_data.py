@@ -84,8 +84,9 @@ def test_synthetic_is_seeded_disjoint_and_in_gsm8k_format(tmp_path):
     assert len(train) == 300 and len(test) == 100
     assert not {r["question"] for r in train} & {r["question"] for r in test}
     # The raw generator writes GSM8K's own answer format; the gold answer is the last step's result.
-    from components.data import synthetic_problem
     import random
+
+    from components.data import synthetic_problem
 
     prob = synthetic_problem(random.Random(0))
     assert "<<" in prob["answer"] and prob["answer"].splitlines()[-1].startswith("#### ")

@@ -1,0 +1,212 @@
+"""What the SFT and GRPO stages share: TRL arguments from params, resuming from checkpoints,
+LoRA, reading the data split, and the table of sample completions logged to MLflow.
+
+Not a stage; `components/sft.py` and `components/grpo.py` use it.
+
+Resuming: a stage writes its Trainer checkpoints into `<section>.checkpoint_dir` (not a DVC
+output) next to a fingerprint of everything that shapes training (the stage's params, the
+input model and data). A re-run with the same fingerprint resumes from the newest complete
+checkpoint and logs which; a different fingerprint starts over. After the model is saved the
+checkpoints are deleted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from components.config import ConfigError
+
+log = logging.getLogger("grpoflow.finetune")
+
+FINGERPRINT_FILE = "grpoflow_fingerprint.json"
+
+
+class InputError(ValueError):
+    """A stage input (data file, model folder) is missing or malformed; the message says which and where."""
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def read_rows(path: str | os.PathLike, limit: int | None = None) -> list[dict[str, str]]:
+    """Rows {id, question, solution, gold} of a prepared split; a bad line names FILE:LINE."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: data split not found; run `dvc repro prepare` first")
+    rows = []
+    with p.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if limit is not None and len(rows) >= limit:
+                break
+            try:
+                row = json.loads(line)
+                if not all(isinstance(row.get(k), str) for k in ("question", "solution", "gold")):
+                    raise ValueError("needs string fields question, solution, gold")
+            except (json.JSONDecodeError, ValueError, AttributeError) as exc:
+                raise InputError(f"{p}:{lineno}: bad row ({exc})") from None
+            rows.append(row)
+    if not rows:
+        raise InputError(f"{p}: no rows")
+    return rows
+
+
+# --------------------------------------------------------------------------- TRL arguments
+
+
+def device_defaults() -> dict[str, Any]:
+    """bf16 and gradient checkpointing only where they help: TRL turns both on by default, and on a
+    CPU both make a small model slower."""
+    import torch
+
+    gpu = torch.cuda.is_available()
+    return {
+        "bf16": bool(gpu and torch.cuda.is_bf16_supported()),
+        "gradient_checkpointing": gpu,
+        "report_to": ["mlflow"],
+    }
+
+
+def _coerce_trainer_values(config_cls: type, section: str, trainer: dict[str, Any]) -> dict[str, Any]:
+    """YAML 1.1 reads `1e-5` as a string; turn such strings into numbers where TRL wants a float."""
+    hints = {f.name: str(f.type) for f in dataclasses.fields(config_cls)}
+    out = {}
+    for key, value in trainer.items():
+        if isinstance(value, str) and "float" in hints.get(key, ""):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{section}.trainer.{key}: expected a number, got {value!r}") from None
+        out[key] = value
+    return out
+
+
+def build_trl_args(config_cls: type, section: str, trainer: dict[str, Any], **stage_set: Any):
+    """`config_cls(**defaults, **trainer, **stage_set)`; an unknown or bad key becomes a ConfigError
+    naming `<section>.trainer.<key>`."""
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = sorted(set(trainer) - known)
+    if unknown:
+        raise ConfigError(
+            f"{section}.trainer.{unknown[0]}: not a field of trl.{config_cls.__name__} "
+            f"(see `python -c 'import trl; help(trl.{config_cls.__name__})'`)"
+        )
+    kwargs = {**device_defaults(), **_coerce_trainer_values(config_cls, section, trainer), **stage_set}
+    try:
+        return config_cls(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{section}.trainer: trl.{config_cls.__name__} rejected the settings: {exc}") from None
+
+
+def lora_config(section: str, lora: dict[str, Any]):
+    """peft.LoraConfig from the section's `lora` mapping (task_type fixed to causal LM)."""
+    from peft import LoraConfig
+
+    try:
+        return LoraConfig(**{**lora, "task_type": "CAUSAL_LM"})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{section}.lora: peft.LoraConfig rejected the settings: {exc}") from None
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def file_digest(paths: Iterable[str | os.PathLike]) -> str:
+    """sha256 over the contents of files (a folder: all its files, sorted by relative path)."""
+    h = hashlib.sha256()
+    for path in paths:
+        p = Path(path)
+        files = sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]
+        for f in files:
+            h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
+            with f.open("rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
+def fingerprint(settings: dict[str, Any], inputs: Iterable[str | os.PathLike]) -> str:
+    blob = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256((blob + file_digest(inputs)).encode()).hexdigest()
+
+
+def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """checkpoint-N folders whose trainer_state.json (written last by the Trainer) exists, by step."""
+    found = []
+    for p in ckpt_dir.iterdir() if ckpt_dir.is_dir() else []:
+        m = _CHECKPOINT_RE.match(p.name)
+        if m and p.is_dir() and (p / "trainer_state.json").is_file():
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found)]
+
+
+def resume_point(ckpt_dir: str | os.PathLike, fp: str, resume: bool, stage: str) -> str | None:
+    """The checkpoint to resume from, or None after preparing an empty checkpoint folder."""
+    d = Path(ckpt_dir)
+    marker = d / FINGERPRINT_FILE
+    if d.exists():
+        same = marker.is_file() and json.loads(marker.read_text()).get("fingerprint") == fp
+        ckpts = complete_checkpoints(d)
+        if resume and same and ckpts:
+            step = int(_CHECKPOINT_RE.match(ckpts[-1].name).group(1))
+            log.warning("%s: resuming from checkpoint %s (step %d)", stage, ckpts[-1], step)
+            return str(ckpts[-1])
+        if ckpts:
+            why = "resume is off" if not resume else "they were made with other params, model or data"
+            log.warning("%s: starting over; not resuming from the checkpoints in %s (%s)", stage, d, why)
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    marker.write_text(json.dumps({"stage": stage, "fingerprint": fp}) + "\n")
+    return None
+
+
+def write_report(path: Path, summary: dict[str, Any]) -> None:
+    """The stage's metrics JSON (a DVC metrics file), replaced atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+
+
+def clear_checkpoints(ckpt_dir: str | os.PathLike) -> None:
+    shutil.rmtree(ckpt_dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- samples
+
+
+def log_samples(model, tokenizer, rows: list[dict[str, str]], artifact_file: str, max_new_tokens: int) -> dict:
+    """Answer `rows` greedily, log them as an MLflow table and return {sample_accuracy, sample_format_rate}."""
+    if not rows:
+        return {}
+    import mlflow
+
+    from components import gsm8k
+    from components.modeling import generate
+
+    prompts = [gsm8k.render_prompt(r["question"], tokenizer) for r in rows]
+    completions = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
+    correct = [gsm8k.is_correct(c, r["gold"], "strict") for c, r in zip(completions, rows, strict=True)]
+    formatted = [gsm8k.has_strict_format(c) for c in completions]
+    mlflow.log_table(
+        {
+            "id": [r.get("id", "") for r in rows],
+            "question": [r["question"] for r in rows],
+            "completion": completions,
+            "gold": [r["gold"] for r in rows],
+            "correct": correct,
+            "strict_format": formatted,
+        },
+        artifact_file=artifact_file,
+    )
+    return {"sample_accuracy": sum(correct) / len(rows), "sample_format_rate": sum(formatted) / len(rows)}

@@ -1,0 +1,159 @@
+"""SFT warm start (DVC stage `sft`): TRL's SFTTrainer on the train split, loss on the completion only.
+
+Reads the base model (`model.base_dir`, written by the `model` stage) and
+`<data.output_dir>/train.jsonl`; writes `sft.output_dir` (default `models/sft`), a standard
+model folder, and `reports/train/sft.json`. Each demonstration is the rendered prompt
+(components.gsm8k.render_prompt) followed by `<reasoning>solution</reasoning><answer>gold</answer>`
+and eos. Like SFT data pooled from real sources, a share of the demonstrations is noisy on
+purpose (`sft.demo_untagged_rate`, `sft.demo_wrong_rate`; see the README's Training section):
+that is what GRPO's rule-based rewards then repair.
+
+Crash safety: a checkpoint every `sft.trainer.save_steps` in `sft.checkpoint_dir`; re-running
+after a crash resumes from the newest one (a log line says which). The model folder is
+replaced atomically, only after training succeeded.
+
+    python -m components.sft
+    python -m components.sft -S sft.trainer.max_steps=200 -S sft.use_lora=true
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import random
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from components.config import ConfigError, Params, add_params_args, load_params
+from components.finetune import InputError
+
+log = logging.getLogger("grpoflow.sft")
+
+STAGE = "sft"
+REPORT = Path("reports/train/sft.json")
+_RESULT_RE = re.compile(r"=\s*(-?\d+(?:\.\d+)?)")
+# Settings that do not change what is trained; left out of the resume fingerprint.
+_NOT_TRAINING = ("output_dir", "checkpoint_dir", "resume", "sample_size")
+
+
+def untagged_target(solution: str, answer: str) -> str:
+    """A demonstration in GSM8K's own format instead of the tags.
+
+    >>> print(untagged_target("3 + 4 = 7", "7"))
+    3 + 4 = 7
+    #### 7
+    """
+    return f"{solution.strip()}\n#### {answer}"
+
+
+def wrong_answer(solution: str, gold: str, rng: random.Random) -> str:
+    """A plausible mistake: the result of an earlier step, or (one step) the gold answer off by one.
+
+    >>> wrong_answer("2 + 3 = 5. Then 5 * 4 = 20.", "20", random.Random(0))
+    '5'
+    >>> wrong_answer("2 + 3 = 5.", "5", random.Random(0)) in ("4", "6")
+    True
+    """
+    earlier = [r for r in _RESULT_RE.findall(solution) if r != gold]
+    if earlier:
+        return rng.choice(earlier)
+    try:
+        value = float(gold)
+    except ValueError:
+        return gold + "0"
+    shifted = value + rng.choice([-1, 1]) if value >= 1 else value + 1
+    return str(int(shifted)) if shifted == int(shifted) else str(shifted)
+
+
+def build_demos(rows: list[dict[str, str]], tokenizer: Any, cfg) -> tuple[Any, dict[str, int]]:
+    """The prompt/completion dataset and counts of untagged and wrong demonstrations."""
+    from datasets import Dataset
+
+    from components import gsm8k
+
+    rng = random.Random(cfg.demo_seed)
+    prompts, completions = [], []
+    counts = {"demos": len(rows), "demos_untagged": 0, "demos_wrong": 0}
+    for row in rows:
+        untagged = rng.random() < cfg.demo_untagged_rate
+        wrong = rng.random() < cfg.demo_wrong_rate
+        answer = wrong_answer(row["solution"], row["gold"], rng) if wrong else row["gold"]
+        counts["demos_untagged"] += untagged
+        counts["demos_wrong"] += wrong
+        prompts.append(gsm8k.render_prompt(row["question"], tokenizer))
+        completions.append(
+            untagged_target(row["solution"], answer) if untagged else gsm8k.format_target(row["solution"], answer)
+        )
+    return Dataset.from_dict({"prompt": prompts, "completion": completions}), counts
+
+
+def training_settings(params: Params) -> dict[str, Any]:
+    cfg = {k: v for k, v in dataclasses.asdict(params.sft).items() if k not in _NOT_TRAINING}
+    return {"sft": cfg, "model.dtype": params.model.dtype}
+
+
+def run(params: Params, report: Path = REPORT) -> Path:
+    """Train and write the SFT model folder; returns its path."""
+    import mlflow
+    from trl import SFTConfig as TRLSFTConfig
+    from trl import SFTTrainer
+
+    from components import finetune, modeling
+    from components.tracking import stage_run
+
+    cfg, data_dir = params.sft, Path(params.data.output_dir)
+    # Everything that can be wrong in the params fails here, before any data or model is loaded.
+    args = finetune.build_trl_args(TRLSFTConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir)
+    peft_config = finetune.lora_config(STAGE, cfg.lora) if cfg.use_lora else None
+    modeling.require_model_dir(params.model.base_dir, "base model", "model")
+    rows = finetune.read_rows(data_dir / "train.jsonl")
+    samples = finetune.read_rows(data_dir / "test.jsonl", limit=cfg.sample_size) if cfg.sample_size else []
+
+    model, tokenizer = modeling.load_model_and_tokenizer(params.model.base_dir, params.model)
+    dataset, counts = build_demos(rows, tokenizer, cfg)
+    fp = finetune.fingerprint(training_settings(params), [data_dir / "train.jsonl", params.model.base_dir])
+    checkpoint = finetune.resume_point(cfg.checkpoint_dir, fp, cfg.resume, STAGE)
+
+    with stage_run(STAGE, params):
+        mlflow.log_metrics({k: float(v) for k, v in counts.items()})
+        trainer = SFTTrainer(
+            model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config
+        )
+        start = time.monotonic()
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        seconds = time.monotonic() - start
+        trained = trainer.model.merge_and_unload() if peft_config is not None else trainer.model
+        summary = {
+            "stage": STAGE,
+            "global_step": trainer.state.global_step,
+            "train_loss": result.training_loss,
+            "train_seconds": round(seconds, 1),
+            "resumed_from": checkpoint,
+            **counts,
+        }
+        modeling.save_model(trained, tokenizer, cfg.output_dir, {"grpoflow_stage.json": summary})
+        summary.update(finetune.log_samples(trained, tokenizer, samples, "sft_samples.json", max_new_tokens=256))
+        mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
+    finetune.clear_checkpoints(cfg.checkpoint_dir)
+    finetune.write_report(report, summary)
+    log.info("sft: wrote %s after %d steps (%.0f s)", cfg.output_dir, trainer.state.global_step, seconds)
+    return Path(cfg.output_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m components.sft", description=__doc__.split("\n\n")[0])
+    add_params_args(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        run(load_params(args.params, args.overrides))
+    except (ConfigError, FileNotFoundError, InputError) as exc:
+        parser.exit(2, f"error: {exc}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

