@@ -7,8 +7,11 @@ them per batch) on 10,000 seeded random strings plus a fixed adversarial set (1 
 nested and unbalanced tags, numbers with thousands of digits, LaTeX that sympy cannot
 finish, unicode), and, as the baseline in the same run, the common regex-based strict-format
 reward (`re.match` of `<reasoning>\\n.*?\\n</reasoning>...` over the whole text). It prints
-JSON: per reward the max / p99 / mean wall time in ms, the max ratio to the 50 ms bound, and
-the baseline's max for comparison.
+JSON: per reward the max / p99 / mean wall time, the max CPU time of the calling thread with
+and without pauses of Python's garbage collector, in ms, and the ratio to the 50 ms bound.
+Wall time also counts what else the machine runs (other processes, preemption), and a full
+garbage collection costs in proportion to the process's whole heap, whichever call triggers
+it; CPU time without collector pauses is what the rewards themselves control.
 
     python benchmarks/reward_latency.py            # 10,000 random strings + the adversarial set
     python benchmarks/reward_latency.py --n 1000   # quicker
@@ -19,6 +22,7 @@ tests/test_rewards.py reuses `random_strings` and `adversarial_strings` from her
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import re
@@ -33,18 +37,68 @@ if __package__ in (None, ""):  # `python benchmarks/reward_latency.py` from the 
 BOUND_MS = 50.0
 TAGS = ["<reasoning>", "</reasoning>", "<answer>", "</answer>"]
 FRAGMENTS = TAGS + [
-    "<reas", "oning>", "</answ", "<", ">", "/", "<<", ">>", "####", "#### ", "A: ", "\n", "\n\n", " ", "\t",
-    "$", ",", ".", "-", "\u2212", "%", "=", "+", "*", "^", "{", "}", "(", ")", "\\frac{", "\\boxed{", "\\sqrt{",
-    "\\text{", "^{", "\\", "dollars", "The answer is ", "0.5", ".5", "1,000", "277", "305", "-3", "9" * 40,
-    "\u00e9", "\u4e2d\u6587", "\U0001f600", "\u200b", "\u202e", "\u0301", "\u0663", "\uff11\uff12", "\ufeff",
+    "<reas",
+    "oning>",
+    "</answ",
+    "<",
+    ">",
+    "/",
+    "<<",
+    ">>",
+    "####",
+    "#### ",
+    "A: ",
+    "\n",
+    "\n\n",
+    " ",
+    "\t",
+    "$",
+    ",",
+    ".",
+    "-",
+    "\u2212",
+    "%",
+    "=",
+    "+",
+    "*",
+    "^",
+    "{",
+    "}",
+    "(",
+    ")",
+    "\\frac{",
+    "\\boxed{",
+    "\\sqrt{",
+    "\\text{",
+    "^{",
+    "\\",
+    "dollars",
+    "The answer is ",
+    "0.5",
+    ".5",
+    "1,000",
+    "277",
+    "305",
+    "-3",
+    "9" * 40,
+    "\u00e9",
+    "\u4e2d\u6587",
+    "\U0001f600",
+    "\u200b",
+    "\u202e",
+    "\u0301",
+    "\u0663",
+    "\uff11\uff12",
+    "\ufeff",
     "\ud800",  # a lone surrogate: a valid Python str that is not valid UTF-8
 ]
+_ALPHABET = [chr(c) for c in range(32, 0x2FFF)]  # ASCII to CJK radicals, marks and symbols included
 GOLDS = ["277", "0", "0.5", "-3", "1000", "18", "1,000", "$18", "\\frac{1}{2}", "", "abc", "9" * 5000, None]
 
 
 def _random_number(rng: random.Random) -> str:
     k = rng.choice([1, 2, 3, 5, 20, 400, 5000])
-    digits = "".join(rng.choice("0123456789") for _ in range(k))
+    digits = "".join(rng.choices("0123456789", k=k))
     form = rng.randrange(6)
     if form == 0:
         return f"{digits}.{rng.randrange(100)}"
@@ -71,7 +125,7 @@ def random_strings(n: int, seed: int = 0) -> list[str]:
             elif r < 0.7:
                 parts.append(_random_number(rng))
             else:
-                parts.append("".join(chr(rng.randrange(32, 0x2FFF)) for _ in range(rng.randrange(1, 12))))
+                parts.append("".join(rng.choices(_ALPHABET, k=rng.randrange(1, 12))))
         body = "".join(parts)
         if rng.random() < 0.35:
             answer = rng.choice([_random_number(rng), rng.choice(FRAGMENTS), body[:40], ""])
@@ -131,17 +185,38 @@ def adversarial_strings() -> list[str]:
 def _baseline_strict(completions, **kwargs):
     """The usual regex-based strict-format reward, for comparison."""
     pattern = r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$"
-    return [1.0 if re.match(pattern, c if isinstance(c, str) else "", re.DOTALL) else 0.0 for c in completions]
+    return [
+        1.0 if re.match(pattern, c if isinstance(c, str) else "", re.DOTALL) else 0.0 for c in completions
+    ]
 
 
-def measure(func, texts: list[str], golds: list) -> list[float]:
-    """Wall time (ms) of one call per text."""
-    times = []
-    for text, gold in zip(texts, golds, strict=True):
-        start = time.perf_counter()
-        func([text], gold=[gold])
-        times.append((time.perf_counter() - start) * 1000.0)
-    return times
+def measure(func, texts: list[str], golds: list) -> tuple[list[float], list[float], list[float]]:
+    """Per call of `func([text], gold=[gold])`: wall ms, CPU ms of this thread, and the CPU ms
+    of this thread spent in Python's cyclic garbage collector during the call. A full
+    collection can start in any allocation and costs time in proportion to the whole heap of
+    the process (tens of ms in a big one), whatever code happens to trigger it; reporting it
+    apart separates the rewards' own cost from the process's."""
+    wall, cpu, in_gc = [], [], []
+    gc_state = {"start": 0.0, "total": 0.0}
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_state["start"] = time.thread_time()
+        else:
+            gc_state["total"] += time.thread_time() - gc_state["start"]
+
+    gc.callbacks.append(on_gc)
+    try:
+        for text, gold in zip(texts, golds, strict=True):
+            gc_state["total"] = 0.0
+            w0, c0 = time.perf_counter(), time.thread_time()
+            func([text], gold=[gold])
+            cpu.append((time.thread_time() - c0) * 1000.0)
+            wall.append((time.perf_counter() - w0) * 1000.0)
+            in_gc.append(gc_state["total"] * 1000.0)
+    finally:
+        gc.callbacks.remove(on_gc)
+    return wall, cpu, in_gc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,17 +233,24 @@ def main(argv: list[str] | None = None) -> int:
     golds = [rng.choice(GOLDS) for _ in texts]
     report: dict = {"strings": len(texts), "bound_ms": BOUND_MS, "rewards": {}}
     for name, func in {**REWARD_FUNCS, "baseline_regex_strict_format": _baseline_strict}.items():
-        times = measure(func, texts, golds)
-        q = statistics.quantiles(times, n=100)
+        wall, cpu, in_gc = measure(func, texts, golds)
+        own = [c - g for c, g in zip(cpu, in_gc, strict=True)]
         report["rewards"][name] = {
-            "max_ms": round(max(times), 3),
-            "p99_ms": round(q[98], 3),
-            "mean_ms": round(statistics.fmean(times), 4),
-            "max_over_bound": round(max(times) / BOUND_MS, 3),
+            "max_wall_ms": round(max(wall), 3),
+            "p99_wall_ms": round(statistics.quantiles(wall, n=100)[98], 3),
+            "mean_wall_ms": round(statistics.fmean(wall), 4),
+            "max_cpu_ms": round(max(cpu), 3),
+            "max_cpu_ms_without_gc": round(max(own), 3),
+            "max_gc_pause_ms": round(max(in_gc), 3),
+            "max_cpu_without_gc_over_bound": round(max(own) / BOUND_MS, 3),
         }
-    ours = [v["max_ms"] for k, v in report["rewards"].items() if k in REWARD_FUNCS]
-    report["max_ms_all_rewards"] = max(ours)
-    report["within_bound"] = max(ours) < BOUND_MS
+    ours = {k: v for k, v in report["rewards"].items() if k in REWARD_FUNCS}
+    report["max_wall_ms_all_rewards"] = max(v["max_wall_ms"] for v in ours.values())
+    report["max_cpu_ms_all_rewards"] = max(v["max_cpu_ms"] for v in ours.values())
+    report["max_cpu_ms_without_gc_all_rewards"] = max(v["max_cpu_ms_without_gc"] for v in ours.values())
+    report["within_bound_cpu_without_gc"] = report["max_cpu_ms_without_gc_all_rewards"] < BOUND_MS
+    report["within_bound_cpu"] = report["max_cpu_ms_all_rewards"] < BOUND_MS
+    report["within_bound_wall"] = report["max_wall_ms_all_rewards"] < BOUND_MS
     print(json.dumps(report, indent=2))
     return 0
 

@@ -151,14 +151,14 @@ def _is_hf_model_dir(p: Path) -> bool:
     return (p / "config.json").is_file() and (any(p.glob("*.safetensors")) or any(p.glob("*.bin")))
 
 
-def resolve_model(spec: str, download_dir: str | os.PathLike | None = None) -> ResolvedModel:
+def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, params: Any = None) -> ResolvedModel:
     """A model folder for `spec`: a local folder, an MLflow URI (models:/NAME@ALIAS, runs:/...) or a hub id."""
     if spec.startswith(MODEL_URI_SCHEMES):
         import mlflow
 
         from components.tracking import configure
 
-        configure(None)  # MLFLOW_TRACKING_URI or the repo's sqlite store
+        configure(params)  # MLFLOW_TRACKING_URI, else tracking.uri
         dst = Path(download_dir or tempfile.mkdtemp(prefix="grpoflow-model-"))
         try:
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=spec, dst_path=str(dst)))
@@ -498,13 +498,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _slug(spec: str) -> str:
-    """A file name for a model spec.
+    """A file and MLflow-metric name for a model spec.
 
     >>> _slug("models:/grpoflow-policy@champion"), _slug("models/grpo/"), _slug("Qwen/Qwen2.5-0.5B-Instruct")
-    ('grpoflow-policy@champion', 'grpo', 'Qwen2.5-0.5B-Instruct')
+    ('grpoflow-policy-champion', 'grpo', 'Qwen2.5-0.5B-Instruct')
     """
     tail = spec.rstrip("/").split("/")[-1] or "model"
-    return re.sub(r"[^\w.@-]+", "_", tail)
+    return re.sub(r"[^\w.-]+", "-", tail)
 
 
 def cli_evaluate(args: argparse.Namespace) -> int:
@@ -526,18 +526,19 @@ def cli_evaluate(args: argparse.Namespace) -> int:
         from components.tracking import stage_run
 
         extra = {"evaluate.model": args.model, "evaluate.data": data, "evaluate.protocol": protocol, "evaluate.backend": backend, "evaluate.limit": limit}
-        with stage_run(STAGE, params, extra_params=extra) as run_:
-            import mlflow
+        with tempfile.TemporaryDirectory(prefix="grpoflow-model-") as tmp:
+            # Bad input fails here, before an MLflow run is opened.
+            model = resolve_model(args.model, download_dir=tmp, params=params)
+            problems = load_problems(data, limit)
+            with stage_run(STAGE, params, extra_params=extra) as run_:
+                import mlflow
 
-            mlflow.set_tags({"grpoflow.eval.model": args.model})
-            with tempfile.TemporaryDirectory(prefix="grpoflow-model-") as tmp:
-                model = resolve_model(args.model, download_dir=tmp)
-                problems = load_problems(data, limit)
+                mlflow.set_tags({"grpoflow.eval.model": args.model})
                 metrics, items = evaluate_model(model, problems, params, protocol=protocol, backend=backend, data=data)
-            results = {name: (metrics, items)}
-            paths = write_files(out_dir, report_files(results, None))
-            log_to_mlflow(results, None, paths, cfg.log_items_table)
-            metrics["mlflow_run_id"] = run_.info.run_id
+                results = {name: (metrics, items)}
+                paths = write_files(out_dir, report_files(results, None))
+                log_to_mlflow(results, None, paths, cfg.log_items_table)
+                metrics["mlflow_run_id"] = run_.info.run_id
     except (ConfigError, EvaluationError, BackendError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

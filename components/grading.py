@@ -100,7 +100,11 @@ def read_rows(path: Path) -> list[tuple[dict[str, Any], str, str]]:
                 continue
             rows.append((row, text, gold))
     if errors:
-        more = f"\n... and {len(errors) - MAX_REPORTED} more malformed rows" if len(errors) > MAX_REPORTED else ""
+        more = (
+            f"\n... and {len(errors) - MAX_REPORTED} more malformed rows"
+            if len(errors) > MAX_REPORTED
+            else ""
+        )
         raise GradeError("\n".join(errors[:MAX_REPORTED]) + more)
     if not rows:
         raise GradeError(f"{path}: no rows to grade")
@@ -121,7 +125,9 @@ def write_jsonl_atomically(path: Path, rows: list[dict[str, Any]]) -> None:
         raise
 
 
-def run(input_path: str | os.PathLike, output_path: str | os.PathLike, mode: str = "flexible") -> dict[str, Any]:
+def run(
+    input_path: str | os.PathLike, output_path: str | os.PathLike, mode: str = "flexible"
+) -> dict[str, Any]:
     """Grade every row of `input_path` into `output_path`; returns the summary."""
     if mode not in gsm8k.MODES:
         raise GradeError(f"mode {mode!r}: expected one of {', '.join(gsm8k.MODES)}")
@@ -175,9 +181,15 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m components.grading",
         description="Grade JSONL completions against gold answers (same as `grpoflow grade`).",
     )
-    parser.add_argument("--input", required=True, metavar="FILE", help="JSONL rows with 'completion' and 'gold' or 'answer'")
-    parser.add_argument("--output", required=True, metavar="FILE", help="rows written back with 'extracted' and 'correct'")
-    parser.add_argument("--mode", choices=list(gsm8k.MODES), default="flexible", help="extraction mode (default: flexible)")
+    parser.add_argument(
+        "--input", required=True, metavar="FILE", help="JSONL rows with 'completion' and 'gold' or 'answer'"
+    )
+    parser.add_argument(
+        "--output", required=True, metavar="FILE", help="rows written back with 'extracted' and 'correct'"
+    )
+    parser.add_argument(
+        "--mode", choices=list(gsm8k.MODES), default="flexible", help="extraction mode (default: flexible)"
+    )
     return cli_grade(parser.parse_args(argv))
 
 

@@ -14,16 +14,18 @@ the functions here, so a completion is judged the same way everywhere.
 - Comparison (`answers_match`, `is_correct`): numbers equal within a relative tolerance
   of 1e-6 after dropping `$`, commas and a trailing period; simple fractions, `\\boxed{}`,
   `\\frac{}{}`, percent signs and unit words are handled here; math-verify adds the rest
-  (LaTeX expressions) within a 25 ms budget, in the main thread only.
+  (LaTeX expressions) within a 20 ms CPU-time budget, in the main thread only.
 
-Every function here is total and bounded: it never raises on a string input and looks at
-most at a bounded window of long texts, so rewards built on it cannot hang.
+Extraction and comparison are total and bounded: they never raise on any text (only an
+unknown mode name raises), scan long texts linearly or only a bounded window of them, and
+cap math-verify's time, so rewards built on them cannot hang.
 
     python -m doctest components/gsm8k.py   # or: pytest components/gsm8k.py
 """
 
 from __future__ import annotations
 
+import gc
 import re
 import signal
 import threading
@@ -125,7 +127,9 @@ def render_prompt(question: str, tokenizer: Any = None) -> str:
     'Question: What is 2 + 3?\nAnswer:\n'
     """
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(build_messages(question), tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            build_messages(question), tokenize=False, add_generation_prompt=True
+        )
     return f"Question: {question}\nAnswer:\n"
 
 
@@ -216,7 +220,7 @@ def _last_number(text: str) -> str | None:
         offset = max(0, len(text) - window)
         tail = text[offset:]
         last = None
-        for last in _NUM_RE.finditer(tail):
+        for last in _NUM_RE.finditer(tail):  # noqa: B007 (keeps the last match)
             pass
         if last is None:
             return None
@@ -290,7 +294,7 @@ def gold_from_answer(answer: str) -> str | None:
 REL_TOL = 1e-6
 MAX_CHEAP_CHARS = 200  # answers longer than this are compared as plain numbers only
 MATH_VERIFY_MAX_CHARS = 100  # longer answers never reach math-verify
-MATH_VERIFY_BUDGET_S = 0.025  # wall-clock budget of one math-verify comparison
+MATH_VERIFY_BUDGET_S = 0.02  # CPU-time budget of one math-verify comparison
 
 _UNWRAP_RE = re.compile(r"^(?:\\boxed\{(.*)\}|\\\((.*)\\\)|\\\[(.*)\\\]|\$(.*)\$)$", re.DOTALL)
 _TEXT_RE = re.compile(r"\\(?:text|mathrm|textbf)\{([^{}]*)\}")
@@ -313,10 +317,19 @@ def _to_fraction(text: str) -> Fraction | None:
             break
         s = next(g for g in m.groups() if g is not None).strip()
     s = _TEXT_RE.sub(r"\1", s)
-    s = s.replace("\\$", "$").replace("\\%", "%").replace("{,}", ",").replace("\\,", "").replace("\\!", "").strip()
+    s = (
+        s.replace("\\$", "$")
+        .replace("\\%", "%")
+        .replace("{,}", ",")
+        .replace("\\,", "")
+        .replace("\\!", "")
+        .strip()
+    )
     m = _FRAC_RE.match(s)
     if m:
-        sign, num, den = (m.group(1), m.group(2), m.group(3)) if m.group(2) is not None else ("", m.group(4), m.group(5))
+        sign, num, den = (
+            (m.group(1), m.group(2), m.group(3)) if m.group(2) is not None else ("", m.group(4), m.group(5))
+        )
         value = _fraction(num), _fraction(den)
         if value[0] is None or not value[1]:
             return None
@@ -345,7 +358,7 @@ def _close(a: Fraction, b: Fraction) -> bool:
 
 
 class _Deadline(BaseException):
-    """Raised by the SIGALRM handler; a BaseException so math-verify's `except Exception` lets it through."""
+    """Raised by the SIGPROF handler; a BaseException so math-verify's `except Exception` lets it through."""
 
 
 _mv_state: dict[str, Any] = {}
@@ -372,12 +385,14 @@ def _math_verify() -> tuple[Any, Any] | None:
             import math_verify.parser
             from math_verify import parse, verify
 
-            # We supply the timeout ourselves (a sub-second SIGALRM timer), so silence its
+            # We supply the timeout ourselves (a sub-second SIGPROF timer), so silence its
             # one-time "timeout is disabled" warning.
             math_verify.parser.TIMEOUT_WARNING_SHOWN = True
             math_verify.grader.TIMEOUT_WARNING_SHOWN = True
             for pred, gold in _WARM_UP:
-                verify(parse(gold, parsing_timeout=None), parse(pred, parsing_timeout=None), timeout_seconds=None)
+                verify(
+                    parse(gold, parsing_timeout=None), parse(pred, parsing_timeout=None), timeout_seconds=None
+                )
             _mv_state["funcs"] = (parse, verify)
         except Exception:  # not installed or broken: the built-in equivalences still apply
             _mv_state["funcs"] = None
@@ -396,39 +411,57 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
 
     math-verify's own timeouts are whole seconds of `signal.alarm`, which only works in the
     main thread; here a sub-second `setitimer` in the main thread bounds parse and verify
-    together, and any other thread skips math-verify (built-in equivalences only).
+    together, and any other thread skips math-verify (built-in equivalences only). The
+    budget counts CPU time (ITIMER_PROF), so that a busy machine does not turn a slow but
+    valid comparison into a wrong one; a timer and handler set by someone else are restored.
     """
     if len(pred) > MATH_VERIFY_MAX_CHARS or len(gold) > MATH_VERIFY_MAX_CHARS:
         return False
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "ITIMER_PROF"):
         return False
     funcs = _math_verify()
     if funcs is None:
         return False
     parse, verify = funcs
 
-    def on_alarm(signum, frame):
-        raise _Deadline
+    active = True
 
-    start = time.monotonic()
+    def on_alarm(signum, frame):
+        if active:  # a signal delivered after we are done must not raise in our caller
+            raise _Deadline
+
+    start = time.process_time()
     try:
-        old_handler = signal.signal(signal.SIGALRM, on_alarm)
+        old_handler = signal.signal(signal.SIGPROF, on_alarm)
     except ValueError:  # not the main interpreter
         return False
-    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, MATH_VERIFY_BUDGET_S)
+    # First at the budget, then every 2 ms: a _Deadline raised where Python ignores exceptions
+    # (a __del__, a weakref or gc callback) is followed by another one.
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_PROF, MATH_VERIFY_BUDGET_S, 0.002)
+    # A collection of the whole heap inside the budget runs in C, where no signal handler
+    # can stop it (tens of ms with sympy's caches); garbage made here waits until after.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    result = False
     try:
         g = parse(gold if "$" in gold else f"${gold}$", parsing_timeout=None)
         p = parse(pred if "$" in pred else f"${pred}$", parsing_timeout=None)
-        return bool(g and p and verify(g, p, timeout_seconds=None))
+        result = bool(g and p and verify(g, p, timeout_seconds=None))
     except _Deadline:
-        return False
+        result = False
     except Exception:
-        return False
+        result = False
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old_handler)
+        active = False
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old_handler)
+        if gc_was_enabled:
+            gc.enable()
         if old_delay > 0:  # give a timer that was running before us its remaining time back
-            signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - start), 1e-3), old_interval)
+            signal.setitimer(
+                signal.ITIMER_PROF, max(old_delay - (time.process_time() - start), 1e-3), old_interval
+            )
+    return result
 
 
 def answers_match(pred: str | None, gold: str | None) -> bool:
@@ -460,9 +493,16 @@ def answers_match(pred: str | None, gold: str | None) -> bool:
         return False  # plain numbers too long for exact arithmetic, and not equal as text
     # math-verify only for an ASCII expression against a number or an expression: LaTeX
     # answers are ASCII, and prose or unicode noise would only spend its budget.
-    if not (pred.isascii() and _MATHY_RE.search(pred)) or (g is None and not _MATHY_RE.search(gold)):
+    if len(pred) > MATH_VERIFY_MAX_CHARS or not (pred.isascii() and _MATHY_RE.search(pred)):
         return False
-    return _math_verify_equal(pred, gold)
+    if g is None and not _MATHY_RE.search(gold):
+        return False
+    if pred.count("{") != pred.count("}") or pred.count("(") != pred.count(")"):
+        return False  # unbalanced: not an expression, and the slowest kind of input for its parser
+    try:
+        return _math_verify_equal(pred, gold)
+    except _Deadline:  # belt and braces: a deadline that surfaced outside the guarded block
+        return False
 
 
 def is_correct(text: str, gold: str | None, mode: str = "strict") -> bool:

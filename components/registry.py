@@ -364,7 +364,10 @@ def gate(params: Any, registration: Registration, root: str | os.PathLike | None
     client = _client(params, root)
     mv = client.get_model_version(name, version)
     if DECISION_TAG in mv.tags:  # decided by an earlier run: nothing to do
-        return Decision(name, version, mv.tags[DECISION_TAG], mv.tags.get(REASON_TAG, ""), mv.tags.get(PREVIOUS_TAG))
+        return Decision(
+            name, version, mv.tags[DECISION_TAG],
+            f"decided by an earlier run, nothing changed: {mv.tags.get(REASON_TAG, '')}", mv.tags.get(PREVIOUS_TAG),
+        )
     client.set_registered_model_alias(name, CHALLENGER, version)
     champion = alias_version(client, name, CHAMPION)
     if champion is None:

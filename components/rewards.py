@@ -16,7 +16,7 @@ None for a row whose gold is None (TRL then leaves that reward out for the row).
 
 All of them are built on components/gsm8k.py, the scorer evaluation uses too. None of them
 raises or hangs on any text: parsing is plain linear string scanning and math-verify runs
-only on short answers within a 25 ms budget (see gsm8k.answers_match).
+only on short answers within a 20 ms budget (see gsm8k.answers_match).
 
 `get_reward_funcs(names)` resolves registry names and `package.module:function` paths;
 `build_rewards(params.rewards)` returns the functions and their weights for GRPOTrainer.
@@ -258,5 +258,7 @@ def build_rewards(cfg: Any) -> tuple[list[RewardFunc], list[float]]:
     (['format_reward', 'accuracy_reward'], [0.5, 1.0])
     """
     if len(cfg.funcs) != len(cfg.weights):
-        raise ValueError(f"rewards: {len(cfg.funcs)} funcs but {len(cfg.weights)} weights; give one weight per func")
+        raise ValueError(
+            f"rewards: {len(cfg.funcs)} funcs but {len(cfg.weights)} weights; give one weight per func"
+        )
     return get_reward_funcs(cfg.funcs), [float(w) for w in cfg.weights]

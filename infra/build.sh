@@ -6,7 +6,8 @@
 #   infra/build.sh cpu -- --build-arg EXTRA_PACKAGES="dvc[s3]"    # after --: passed to docker build
 #   GRPOFLOW_REGISTRY=registry.example.com/ml/ PUSH=1 infra/build.sh   # <registry>grpoflow:<target>-<sha>, pushed
 #   infra/build.sh --print cpu              # print the commands instead of running them
-#   infra/build.sh --sha                    # print the tag suffix only (infra/prefect.yaml uses it)
+#   infra/build.sh --sha                    # print the tag suffix only
+#   infra/build.sh --image gpu              # print the image name the build would tag (infra/prefect.yaml uses it)
 #
 # <sha> is `git rev-parse --short HEAD`; a tree with uncommitted changes gets `-dirty` appended, so
 # that an image tag never claims a commit whose code it does not hold. infra/prefect.yaml's docker and
@@ -18,9 +19,16 @@ sha=$(git rev-parse --short HEAD)
 if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
   sha="$sha-dirty"
 fi
+registry="${GRPOFLOW_REGISTRY:-}"
 if [ "${1:-}" = "--sha" ]; then
   echo "$sha"
   exit 0
+fi
+if [ "${1:-}" = "--image" ]; then
+  case "${2:-}" in
+    cpu|gpu|tracking) echo "${registry}grpoflow:${2}-${sha}"; exit 0 ;;
+    *) echo "error: --image needs a target (cpu | gpu | tracking)" >&2; exit 2 ;;
+  esac
 fi
 
 run() { "$@"; }
@@ -39,8 +47,6 @@ while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
 done
 [ "${1:-}" = "--" ] && shift
 [ "${#targets[@]}" -gt 0 ] || targets=(cpu gpu)
-
-registry="${GRPOFLOW_REGISTRY:-}"
 
 for target in "${targets[@]}"; do
   image="${registry}grpoflow:${target}-${sha}"

@@ -6,9 +6,9 @@
 #   docker run IMAGE grpoflow run -S grpo.beta=0.0       # the whole training flow
 #   docker run IMAGE prefect worker start --pool grpoflow-process   # anything else runs as given
 #
-# Stage names are those of dvc.yaml; each runs its module `components.<module>` (prepare's module is
-# components.data, every other stage's module has the stage's name). It works the same from a
-# checkout: `infra/entrypoint.sh stage prepare --help`.
+# Stage names are those of dvc.yaml; each runs the module its dvc.yaml `cmd` runs
+# (`python -m components.<module>`), with the arguments given here instead of DVC's. It works the
+# same from a checkout: `infra/entrypoint.sh stage prepare --help`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,16 +23,21 @@ if [ "$1" = "stage" ]; then
   fi
   stage="$2"
   shift 2
-  case "$stage" in
-    prepare) module=data ;;
-    *) module="$stage" ;;
-  esac
-  if [[ ! "$module" =~ ^[a-z_][a-z0-9_]*$ ]] || [ ! -f "components/$module.py" ]; then
-    known=$(python -c 'import yaml; print(" ".join(yaml.safe_load(open("dvc.yaml"))["stages"]))' 2>/dev/null || echo "?")
-    echo "error: unknown stage '$stage' (no components/$module.py); stages of dvc.yaml: $known" >&2
-    exit 2
-  fi
-  exec python -m "components.$module" "$@"
+  module=$(python - "$stage" <<'PY'
+import re, sys, yaml
+stage = sys.argv[1]
+stages = (yaml.safe_load(open("dvc.yaml")) or {}).get("stages") or {}
+if stage not in stages:
+    sys.exit(f"error: unknown stage {stage!r}; stages of dvc.yaml: {' '.join(stages)}")
+cmd = stages[stage].get("cmd", "") if isinstance(stages[stage], dict) else ""
+cmd = " ".join(cmd) if isinstance(cmd, list) else str(cmd)
+found = re.search(r"-m\s+(components\.[A-Za-z_][A-Za-z0-9_]*)", cmd)
+if not found:
+    sys.exit(f"error: dvc.yaml stage {stage!r} does not run `python -m components.<module>` (cmd: {cmd})")
+print(found.group(1))
+PY
+) || exit 2
+  exec python -m "$module" "$@"
 fi
 
 exec "$@"

@@ -35,6 +35,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,7 +101,13 @@ def stage_order(root: str | os.PathLike) -> list[str]:
         # DVC's edges point from a stage to the stages it depends on.
         sub = graph.subgraph(stages).reverse(copy=True)
         order = nx.lexicographical_topological_sort(sub, key=lambda s: position[s])
-        return [s.addressing for s in order]
+        return [_address(s, root) for s in order]
+
+
+def _address(stage: Any, root: str | os.PathLike) -> str:
+    """`name` for the root dvc.yaml, `sub/dvc.yaml:name` otherwise, relative to the repo root."""
+    rel = os.path.relpath(stage.path, root)
+    return stage.name if rel == "dvc.yaml" else f"{rel}:{stage.name}"
 
 
 def lock_entry(root: str | os.PathLike, stage: str) -> dict[str, Any] | None:
@@ -496,24 +503,33 @@ def format_summary(s: dict[str, Any], ui: str = "http://127.0.0.1:5000") -> str:
     return "\n".join(lines)
 
 
-def _warm_prefect_server() -> None:
-    """Start Prefect's temporary server (when no PREFECT_API_URL) while the caller does other work."""
+def start_prefect_server() -> threading.Thread | None:
+    """Boot Prefect's temporary server (used when PREFECT_API_URL is unset) in the background.
+
+    Its module is imported here, in the caller's thread: imports hold the GIL and would not
+    overlap anyway; the server's own start-up (a separate process, seconds) then overlaps
+    with MLflow's and DVC's imports in the caller."""
     from prefect.settings import PREFECT_API_URL
 
-    if not PREFECT_API_URL.value():
-        from prefect.server.api.server import SubprocessASGIServer
+    if PREFECT_API_URL.value():
+        return None
+    from prefect.server.api.server import SubprocessASGIServer
 
-        SubprocessASGIServer().start()
+    # 120 s: Prefect's 20 s default start-up timeout is too short on 2 busy cores.
+    thread = threading.Thread(target=SubprocessASGIServer().start, kwargs={"timeout": 120}, daemon=True)
+    thread.start()
+    return thread
+
+
+def prefect_env_defaults() -> None:
+    """Telemetry off for this process and everything it starts (values already set win)."""
+    for key, value in TELEMETRY_OFF.items():
+        os.environ.setdefault(key, value)
 
 
 def cli_run(args: argparse.Namespace) -> int:
     """`grpoflow run [-S section.key=value ...]`: run the flow here and print a summary."""
-    import threading
-
-    for key, value in TELEMETRY_OFF.items():
-        os.environ.setdefault(key, value)
-    # A loaded machine can take longer than Prefect's 20 s default to start its temporary server.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    prefect_env_defaults()
     root = repo_root()
     if args.params and Path(args.params).resolve() != (root / "params.yaml").resolve():
         print("error: --params: the pipeline runs on the repo's params.yaml, which DVC tracks; "
@@ -527,13 +543,12 @@ def cli_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # Overlap the temporary Prefect server's start-up (seconds) with MLflow's and DVC's imports.
-    warm = threading.Thread(target=_warm_prefect_server, daemon=True)
-    warm.start()
+    booting = start_prefect_server()
     import dvc.repo  # noqa: F401
     import mlflow  # noqa: F401
 
-    warm.join()
+    if booting is not None:
+        booting.join()
     try:
         summary = training_pipeline(repo=str(root), overrides=list(args.overrides))
     except PipelineLocked as exc:

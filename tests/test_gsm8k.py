@@ -47,8 +47,9 @@ def test_chat_template_prompt_carries_system_prompt_and_generation_prompt():
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]")),
-                                  unk_token="[UNK]")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]")), unk_token="[UNK]"
+    )
     assert render_prompt("Q?", tok) == "Question: Q?\nAnswer:\n"  # no template: plain text
     tok.chat_template = (
         "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -167,7 +168,13 @@ def test_unknown_mode_is_rejected_with_the_known_ones():
 
 @pytest.mark.parametrize(
     "answer, expected",
-    [("a\n#### 277", "277"), ("a = 277\nA: 277", "277"), ("A: 1,000", "1000"), ("277", "277"), ("a\nb", None)],
+    [
+        ("a\n#### 277", "277"),
+        ("a = 277\nA: 277", "277"),
+        ("A: 1,000", "1000"),
+        ("277", "277"),
+        ("a\nb", None),
+    ],
 )
 def test_gold_from_answer(answer, expected):
     assert gold_from_answer(answer) == expected
@@ -233,11 +240,14 @@ def test_numbers_with_thousands_of_digits_compare_without_error():
     assert answers_match("1" * 3000, "1" * 2999 + "2")  # relative tolerance 1e-6
 
 
-@pytest.mark.parametrize("mode, text", [
-    ("strict", format_target(CURTIS_SOLUTION, "277")),
-    ("flexible", CURTIS_SOLUTION + "\nA: 277"),
-    ("gsm8k", CURTIS_SOLUTION + "\n#### 277"),
-])
+@pytest.mark.parametrize(
+    "mode, text",
+    [
+        ("strict", format_target(CURTIS_SOLUTION, "277")),
+        ("flexible", CURTIS_SOLUTION + "\nA: 277"),
+        ("gsm8k", CURTIS_SOLUTION + "\n#### 277"),
+    ],
+)
 def test_curtis_example_in_every_mode(mode, text):
     assert is_correct(text, "277", mode)
     assert not is_correct(text.replace("277", "305"), "277", mode)
@@ -245,7 +255,15 @@ def test_curtis_example_in_every_mode(mode, text):
 
 def test_normalize_number_is_unchanged_for_the_data_stage():
     assert [normalize_number(s) for s in ["72", "1,000", "$18.00", "-3.50", "7.", "0.0", "abc", None]] == [
-        "72", "1000", "18", "-3.5", "7", "0", None, None]
+        "72",
+        "1000",
+        "18",
+        "-3.5",
+        "7",
+        "0",
+        None,
+        None,
+    ]
 
 
 # --------------------------------------------------------------------------- math-verify's bound

@@ -44,7 +44,7 @@ from components.config import load_params
 from components.tracking import stage_run
 import mlflow
 
-with stage_run(stage, load_params(), extra_params={"toy": cfg[stage]}):
+with stage_run(stage, load_params(), extra_params={"toy": cfg.get(stage, {})}):
     if stage == "grpo":
         with open(Path("..") / "grpo-runs.log", "a") as fh:
             fh.write("ran\\n")

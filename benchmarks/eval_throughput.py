@@ -1,0 +1,129 @@
+"""Evaluation throughput: naive loop vs batched transformers vs vLLM, same model, same prompts.
+
+Builds a ~21M-parameter Qwen2 model (random weights: hidden 512, 6 layers, 8 heads, MLP
+1536, the tiny model's locally trained tokenizer) and renders N synthetic GSM8K prompts
+with the training prompt. Every backend generates exactly `--new-tokens` tokens per prompt
+(EOS ignored), greedy, in the same dtype, so all do the same work:
+
+- naive: one `model.generate` call per prompt (batch size 1);
+- transformers: components/generation.py's batched backend (left padding, KV cache);
+- vllm: components/generation.py's vLLM backend (in-process, or `.venv-vllm` in a subprocess).
+
+Prints one JSON object: n, naive_cps, transformers_cps, vllm_cps (completions per second,
+model load excluded), the ratios batched_vs_naive and vllm_vs_transformers, and the
+machine's load average (other processes on a shared machine slow every backend).
+Claims checked here (issue 5): batched >= 5x naive, vLLM >= 0.7x batched on this CPU machine.
+
+    python benchmarks/eval_throughput.py                       # 256 prompts, 64 new tokens, bf16
+    python benchmarks/eval_throughput.py --n 64 --dtype float32 --skip-vllm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from components import data, gsm8k, modeling  # noqa: E402
+from components.config import DataConfig, ModelConfig  # noqa: E402
+from components.generation import (  # noqa: E402
+    GenerationSettings,
+    choose_backend,
+    encode_prompts,
+    generate,
+    load_causal_lm,
+    load_tokenizer,
+    transformers_generate,
+)
+
+
+def build_model(root: Path, n: int) -> tuple[Path, list[str], int]:
+    data.run(DataConfig(output_dir=str(root / "data"), synthetic_train_size=400, synthetic_test_size=max(n, 1)))
+    cfg = ModelConfig(
+        seed=0,
+        tiny_hidden_size=512,
+        tiny_num_layers=6,
+        tiny_num_heads=8,
+        tiny_intermediate_size=1536,
+        tiny_max_positions=1024,
+    )
+    model, tok = modeling.build_tiny(cfg, root / "data/train.jsonl")
+    n_params = sum(p.numel() for p in model.parameters())
+    modeling.save_model(model, tok, root / "model")
+    rows = [json.loads(line) for line in (root / "data/test.jsonl").read_text().splitlines()][:n]
+    prompts = [gsm8k.render_prompt(r["question"], tok) for r in rows]
+    return root / "model", prompts, n_params
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=256, help="prompts (default 256)")
+    parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="weights dtype (all backends)")
+    parser.add_argument("--batch-size", type=int, default=64, help="batch size of the transformers backend")
+    parser.add_argument("--naive-n", type=int, default=0, help="prompts for the naive loop (default: all n)")
+    parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
+    parser.add_argument("--skip-vllm", action="store_true")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
+        model_dir, prompts, n_params = build_model(Path(tmp), args.n)
+        settings = GenerationSettings(
+            max_new_tokens=args.new_tokens,
+            ignore_eos=True,
+            dtype=args.dtype,
+            batch_size=args.batch_size,
+            vllm_python=args.vllm_python,
+        )
+        tok = load_tokenizer(model_dir)
+        model = load_causal_lm(model_dir, args.dtype)
+        prompt_ids, _ = encode_prompts(tok, prompts, args.new_tokens, 1024)
+        eos = [tok.eos_token_id]
+
+        naive_n = args.naive_n or len(prompts)
+        naive_settings = GenerationSettings(**{**settings.__dict__, "batch_size": 1})
+        t0 = time.perf_counter()
+        naive_out = transformers_generate(model, tok, prompt_ids[:naive_n], naive_settings, eos)
+        naive_s = time.perf_counter() - t0
+        del model
+
+        batched = generate(model_dir, prompts, settings, "transformers", tokenizer=tok)
+        result = {
+            "n": len(prompts),
+            "new_tokens": args.new_tokens,
+            "dtype": args.dtype,
+            "parameters": n_params,
+            "naive_n": naive_n,
+            "naive_cps": naive_n / naive_s,
+            "transformers_cps": batched.completions_per_second,
+            "transformers_batch_size": args.batch_size,
+            "vllm_cps": None,
+            "vllm_load_seconds": None,
+            "tokens_per_completion": sorted({len(x) for x in naive_out} | set(batched.num_tokens)),
+        }
+        if not args.skip_vllm and choose_backend("auto", args.vllm_python) == "vllm":
+            vllm = generate(model_dir, prompts, settings, "vllm", tokenizer=tok)
+            result["vllm_cps"] = vllm.completions_per_second
+            result["vllm_load_seconds"] = vllm.load_seconds
+            result["vllm_version"] = vllm.details.get("vllm_version")
+            result["tokens_per_completion"] = sorted(set(result["tokens_per_completion"]) | set(vllm.num_tokens))
+        result["batched_vs_naive"] = result["transformers_cps"] / result["naive_cps"]
+        if result["vllm_cps"]:
+            result["vllm_vs_transformers"] = result["vllm_cps"] / result["transformers_cps"]
+        result["torch_threads"] = torch.get_num_threads()
+        result["cpu_count"] = os.cpu_count()
+        result["load_average_1m"] = os.getloadavg()[0]
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,172 @@
+"""GRPO (DVC stage `grpo`): TRL's GRPOTrainer from the SFT model, with the rewards named in params.
+
+Reads `grpo.init_dir` (default `models/sft`) and `<data.output_dir>/train.jsonl`; writes
+`grpo.output_dir` (default `models/grpo`), a standard model folder, and
+`reports/train/grpo.json`. For each prompt the trainer samples `grpo.num_generations`
+completions at `grpo.temperature`, scores them with `rewards.funcs` weighted by
+`rewards.weights` (components/rewards.py), normalises the rewards within each group into
+advantages and takes clipped policy-gradient steps (`grpo.epsilon`) with a KL penalty to the
+frozen SFT model (`grpo.beta`). Every loss type TRL offers is selectable (`grpo.loss_type`);
+LoRA (`grpo.use_lora`) and vLLM generation (`grpo.use_vllm`, colocate or server) are options.
+
+MLflow (through transformers' integration, inside the stage's run): loss, each reward's mean
+and std, KL, clip ratios, frac_reward_zero_std, completion lengths, learning rate at every
+logging step, and a table of sampled completions with their rewards and advantages.
+Crash safety as in components/sft.py: checkpoints every `grpo.trainer.save_steps`, resume
+from the newest on re-run, atomic replacement of the model folder.
+
+    python -m components.grpo
+    python -m components.grpo -S grpo.loss_type=dr_grpo -S grpo.trainer.max_steps=50
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from components.config import ConfigError, Params, add_params_args, load_params
+from components.finetune import InputError
+
+log = logging.getLogger("grpoflow.grpo")
+
+STAGE = "grpo"
+REPORT = Path("reports/train/grpo.json")
+_NOT_TRAINING = ("init_dir", "output_dir", "checkpoint_dir", "resume", "sample_size")
+COMPLETIONS_TABLE = "grpo_completions.json"
+
+
+def recipe(params: Params) -> dict[str, Any]:
+    """The GRPOConfig fields our params section owns (the recipe) and the reward weights."""
+    cfg = params.grpo
+    return {
+        "num_generations": cfg.num_generations,
+        "temperature": cfg.temperature,
+        "beta": cfg.beta,
+        "epsilon": cfg.epsilon,
+        "loss_type": cfg.loss_type,
+        "scale_rewards": cfg.scale_rewards,
+        "num_iterations": cfg.num_iterations,
+        "use_vllm": cfg.use_vllm,
+        "vllm_mode": cfg.vllm_mode,
+        "reward_weights": [float(w) for w in params.rewards.weights],
+    }
+
+
+def training_settings(params: Params) -> dict[str, Any]:
+    cfg = {k: v for k, v in dataclasses.asdict(params.grpo).items() if k not in _NOT_TRAINING}
+    return {"grpo": cfg, "rewards": dataclasses.asdict(params.rewards), "model.dtype": params.model.dtype}
+
+
+def _trainer_class():
+    """GRPOTrainer that also logs its sampled completions to MLflow as a table.
+
+    TRL logs that table to wandb/trackio only, and writes parquet files under log_completions;
+    here the rows it keeps for that purpose go to the MLflow run at every logging step.
+    """
+    import mlflow
+    from trl import GRPOTrainer
+
+    class Trainer(GRPOTrainer):
+        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+            super().log(logs, start_time)
+            if not (self.accelerator.is_main_process and self.model.training and mlflow.active_run()):
+                return
+            recorded = self._logs  # filled by GRPOTrainer at every generation (latest batch only)
+            n = len(recorded["prompt"])
+            if n == 0 or getattr(self, "_grpoflow_logged_step", None) == self.state.global_step:
+                return
+            self._grpoflow_logged_step = self.state.global_step
+            table = {
+                "step": [self.state.global_step] * n,
+                "prompt": [str(p) for p in recorded["prompt"]],
+                "completion": [str(c) for c in recorded["completion"]],
+                **{f"reward_{name}": list(values) for name, values in recorded["rewards"].items()},
+                "advantage": list(recorded["advantages"]),
+            }
+            mlflow.log_table(table, artifact_file=COMPLETIONS_TABLE)
+
+    return Trainer
+
+
+def run(params: Params, report: Path = REPORT) -> Path:
+    """Train and write the GRPO model folder; returns its path."""
+    import mlflow
+    from datasets import Dataset
+    from trl import GRPOConfig as TRLGRPOConfig
+
+    from components import finetune, gsm8k, modeling
+    from components.rewards import build_rewards
+    from components.tracking import stage_run
+
+    cfg, data_dir = params.grpo, Path(params.data.output_dir)
+    # Everything that can be wrong in the params fails here, before any data or model is loaded.
+    args = finetune.build_trl_args(
+        TRLGRPOConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir, **recipe(params)
+    )
+    peft_config = finetune.lora_config(STAGE, cfg.lora) if cfg.use_lora else None
+    modeling.require_model_dir(cfg.init_dir, "SFT model", "sft")
+    try:
+        reward_funcs, _ = build_rewards(params.rewards)
+    except ValueError as exc:
+        raise ConfigError(f"rewards: {exc}") from None
+    rows = finetune.read_rows(data_dir / "train.jsonl")
+    samples = finetune.read_rows(data_dir / "test.jsonl", limit=cfg.sample_size) if cfg.sample_size else []
+
+    model, tokenizer = modeling.load_model_and_tokenizer(cfg.init_dir, params.model)
+    dataset = Dataset.from_dict(
+        {
+            "prompt": [gsm8k.render_prompt(r["question"], tokenizer) for r in rows],
+            "gold": [r["gold"] for r in rows],  # the rewards read this column
+        }
+    )
+    fp = finetune.fingerprint(training_settings(params), [data_dir / "train.jsonl", cfg.init_dir])
+    checkpoint = finetune.resume_point(cfg.checkpoint_dir, fp, cfg.resume, STAGE)
+
+    with stage_run(STAGE, params):
+        trainer = _trainer_class()(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=peft_config,
+        )
+        start = time.monotonic()
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        seconds = time.monotonic() - start
+        trained = trainer.model.merge_and_unload() if peft_config is not None else trainer.model
+        summary = {
+            "stage": STAGE,
+            "global_step": trainer.state.global_step,
+            "train_loss": result.training_loss,
+            "train_seconds": round(seconds, 1),
+            "resumed_from": checkpoint,
+        }
+        modeling.save_model(trained, tokenizer, cfg.output_dir, {"grpoflow_stage.json": summary})
+        max_new = args.max_completion_length or 256
+        summary.update(finetune.log_samples(trained, tokenizer, samples, "grpo_samples.json", max_new))
+        mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
+    finetune.clear_checkpoints(cfg.checkpoint_dir)
+    finetune.write_report(report, summary)
+    log.info("grpo: wrote %s after %d steps (%.0f s)", cfg.output_dir, trainer.state.global_step, seconds)
+    return Path(cfg.output_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m components.grpo", description=__doc__.split("\n\n")[0])
+    add_params_args(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        run(load_params(args.params, args.overrides))
+    except (ConfigError, FileNotFoundError, InputError) as exc:
+        parser.exit(2, f"error: {exc}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""Schedules for real: a `prefect server start` on 127.0.0.1, `grpoflow deploy` applies
+infra/prefect.yaml's `training` deployment (cron), a process worker runs a triggered flow
+run to completion; then `grpoflow serve --cron` serves the flow and runs a triggered run
+itself. The flow runs on a toy DVC repo (tests/toy_repo.py) with registration off.
+
+    pytest -q tests/slow/test_pipeline_deploy.py
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.toy_repo import make_tiny_model, make_toy_repo
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture
+def server(tmp_path):
+    port = free_port()
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    env.pop("PREFECT_API_URL", None)
+    log = tmp_path / "prefect-server.log"
+    proc = subprocess.Popen(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(log.read_text()[-3000:]) from None
+                time.sleep(1)
+        yield {**env, "PREFECT_API_URL": url}
+    finally:
+        stop(proc)
+
+
+def read(env, fn):
+    import asyncio
+
+    from prefect.client.orchestration import PrefectClient
+
+    async def go():
+        async with PrefectClient(api=env["PREFECT_API_URL"]) as client:
+            return await fn(client)
+
+    return asyncio.run(go())
+
+
+def wait_final(env, flow_run_id, timeout, procs=()) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = read(env, lambda c: c.read_flow_run(flow_run_id)).state
+        if state and state.is_final():
+            return state.type.value
+        for p in procs:
+            assert p.poll() is None or p.returncode == 0, f"{p.args} exited {p.returncode}"
+        time.sleep(2)
+    raise AssertionError(f"flow run {flow_run_id} not finished after {timeout} s")
+
+
+def trigger(env, name, parameters):
+    from prefect.deployments import run_deployment
+
+    os.environ["PREFECT_API_URL"] = env["PREFECT_API_URL"]
+    try:
+        return run_deployment(name, parameters=parameters, timeout=0).id
+    finally:
+        del os.environ["PREFECT_API_URL"]
+
+
+def test_deploy_then_worker_runs_it_and_serve_runs_its_own(server, tmp_path):
+    toy = make_toy_repo(tmp_path / "repo", make_tiny_model(tmp_path / "model"))
+    params = {"repo": str(toy), "overrides": ["register.enabled=false"]}
+
+    res = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "deploy", "--name", "training"],
+        cwd=REPO, env=server, capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    deployment = read(server, lambda c: c.read_deployment_by_name("training-pipeline/training"))
+    assert deployment.work_pool_name == "grpoflow-process"
+    assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
+
+    run_id = trigger(server, "training-pipeline/training", params)
+    worker = subprocess.Popen(
+        [str(BIN / "prefect"), "worker", "start", "--pool", "grpoflow-process"],
+        cwd=tmp_path, env=server, stdout=open(tmp_path / "worker.log", "wb"), stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        assert wait_final(server, run_id, 400, [worker]) == "COMPLETED", (tmp_path / "worker.log").read_text()[-4000:]
+    finally:
+        stop(worker)
+    assert "evaluate" in (toy / "dvc.lock").read_text()
+
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "serve", "--cron", "*/30 * * * *"],
+        cwd=toy, env=server, stdout=open(tmp_path / "serve.log", "wb"), stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                served = read(server, lambda c: c.read_deployment_by_name("training-pipeline/training-served"))
+                break
+            except Exception:
+                assert serve.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
+                time.sleep(2)
+        assert [s.schedule.cron for s in served.schedules] == ["*/30 * * * *"]
+        assert served.parameters["repo"] == str(toy)
+        run_id = trigger(server, "training-pipeline/training-served", params)
+        assert wait_final(server, run_id, 300, [serve]) == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
+    finally:
+        stop(serve)

@@ -1,0 +1,323 @@
+"""The evaluate stage and `grpoflow evaluate` on tiny local models (transformers backend).
+
+Covers: scoring and metrics on hand-made items, the lm-eval-gsm8k protocol (prompt text,
+few-shot sampling, harness filters), data validation errors, the CLI on a model folder and
+on a model registered in MLflow (SQLite), a missing model, and the stage's reports and
+paired comparison. The vLLM backend is tested in tests/slow/test_evaluate_vllm.py.
+
+    pytest -q tests/test_evaluate.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from components import evaluate, lm_eval_gsm8k
+from components.config import DataConfig, ModelConfig, load_params
+from pipelines import cli
+
+# A tiny Qwen2 (head_dim 32, a size vLLM's CPU kernels support): builds in about a second.
+TINY = dict(tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=128)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """Prepared synthetic data and three tiny models (seeds differ) in a scratch repo folder."""
+    from components import data, modeling
+
+    root = tmp_path_factory.mktemp("evalrepo")
+    data.run(DataConfig(output_dir=str(root / "data/processed"), synthetic_train_size=60, synthetic_test_size=12))
+    for name, seed in (("base", 0), ("sft", 1), ("grpo", 2)):
+        model, tok = modeling.build_tiny(ModelConfig(seed=seed, **TINY), root / "data/processed/train.jsonl")
+        modeling.save_model(model, tok, root / "models" / name)
+    return root
+
+
+def overrides(root: Path, *extra: str) -> list[str]:
+    return [
+        f"data.output_dir={root / 'data/processed'}",
+        f"sft.output_dir={root / 'models/sft'}",
+        f"grpo.output_dir={root / 'models/grpo'}",
+        f"model.base_dir={root / 'models/base'}",
+        f"evaluate.output_dir={root / 'reports/eval'}",
+        "evaluate.backend=transformers",
+        "evaluate.max_new_tokens=12",
+        *extra,
+    ]
+
+
+def read_items(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def test_score_and_summarize_hand_made_items():
+    problems = [{"id": f"t{i}", "gold": g} for i, g in enumerate(["7", "12", "5", "40"])]
+    completions = [
+        "<reasoning>3 + 4 = 7</reasoning>\n<answer>7</answer>",  # right, well-formed
+        "<reasoning>6 * 2 = 12</reasoning>\n<answer>13</answer>",  # wrong answer, well-formed
+        "The answer is 5",  # right number, no tags
+        "<reasoning>x</reasoning><answer>$40.00</answer> trailing",  # text after the tags: flexible only
+    ]
+    items = [evaluate.score_item(p, c, 10 * (i + 1), "grpoflow") for i, (p, c) in enumerate(zip(problems, completions))]
+    assert [i["correct"] for i in items] == [True, False, False, False]
+    assert [i["correct_flexible"] for i in items] == [True, False, True, True]
+    assert [i["format_ok"] for i in items] == [True, True, False, False]
+    assert [i["extracted"] for i in items] == ["7", "13", None, None]
+    m = evaluate.summarize(items)
+    assert m["n"] == 4
+    assert m["accuracy_strict"] == 0.25 and m["accuracy_flexible"] == 0.75 and m["format_rate"] == 0.5
+    assert m["mean_completion_tokens"] == 25.0
+    lo, hi = m["accuracy_strict_ci95"]
+    assert 0.0 < lo < 0.25 < hi < 1.0
+
+
+def test_compare_pairs_items_by_id():
+    a = [{"id": str(i), "correct": c, "correct_flexible": True} for i, c in enumerate([True, True, True, False])]
+    b = [{"id": str(i), "correct": c, "correct_flexible": True} for i, c in enumerate([False, False, True, False])]
+    res = evaluate.compare(a, list(reversed(b)), "accuracy_strict")  # order must not matter
+    assert res["metric"] == "accuracy_strict"
+    assert res["delta"] == pytest.approx(0.5)
+    assert res["p_value"] == pytest.approx(0.5)  # b=2, c=0: 2 * 2**-2
+    assert res["ci95"][0] < 0.5 < res["ci95"][1]
+    assert res["by_metric"]["accuracy_flexible"]["delta"] == 0.0
+
+
+# --------------------------------------------------------------------------- lm-eval-gsm8k
+
+
+def test_lm_eval_prompt_is_the_harness_text_and_sampler():
+    docs = [{"question": f"Q{i}?", "answer": f"step {i} <<{i}*1={i}>>{i}\n#### {i}"} for i in range(30)]
+    prompts = lm_eval_gsm8k.build_prompts(["What is 2+2?", "What is 3+3?"], docs, num_fewshot=5, seed=1234)
+    rnd = random.Random(1234)  # the harness: one generator, 5 draws per test problem, in order
+    for prompt, question in zip(prompts, ["What is 2+2?", "What is 3+3?"]):
+        shots = rnd.sample(docs, 5)
+        expected = "".join(f"Question: {d['question']}\nAnswer: {d['answer']}\n\n" for d in shots)
+        assert prompt == expected + f"Question: {question}\nAnswer:"
+    assert prompts[0] != prompts[1]
+    with pytest.raises(ValueError, match="5-shot"):
+        lm_eval_gsm8k.build_prompts(["q"], docs[:3], num_fewshot=5)
+
+
+@pytest.mark.parametrize(
+    "completion,gold,strict_ok,flexible_ok",
+    [
+        (" 2 + 2 = 4\n#### 4", "4", True, True),
+        (" so she has $1,200 left.\n#### 1,200", "1200", True, True),
+        (" the answer is 4", "4", False, True),  # `(-?[0-9]+)` takes a single digit
+        (" 5 + 7 = 12", "12", False, True),
+        (" #### 12.", "12", True, True),
+        (" 12.0\n#### 12.0", "12", False, False),  # the harness compares strings
+        (" 3 - 10 = -7\n#### -7", "-7", True, True),
+    ],
+)
+def test_lm_eval_scoring_table(completion, gold, strict_ok, flexible_ok):
+    row = evaluate.score_item({"id": "x", "gold": gold}, completion, 5, "lm-eval-gsm8k")
+    assert row["correct"] is strict_ok
+    assert row["correct_flexible"] is flexible_ok
+
+
+def test_lm_eval_stop_sequences():
+    assert lm_eval_gsm8k.cut_at_stop(" 4\n#### 4\n\nQuestion: what") == " 4\n#### 4\n\n"
+    assert lm_eval_gsm8k.cut_at_stop(" 4<|im_end|>junk") == " 4"
+    assert lm_eval_gsm8k.STOP_SEQUENCES == ("Question:", "</s>", "<|im_end|>")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def test_load_problems_accepts_prepared_and_native_rows(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    rows = [
+        {"id": "a", "question": "Q1?", "solution": "1 + 1 = 2", "gold": "2"},
+        {"question": "Q2?", "answer": "3 * 3 = <<3*3=9>>9\n#### 9"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = evaluate.load_problems(f"jsonl:{path}")
+    assert [(r["id"], r["gold"]) for r in got] == [("a", "2"), ("test-2", "9")]
+    assert got[1]["answer"] == rows[1]["answer"]  # the full text stays (lm-eval few-shot target)
+    assert len(evaluate.load_problems(f"jsonl:{path}", limit=1)) == 1
+
+
+@pytest.mark.parametrize(
+    "lines,message",
+    [
+        (['{"id": "a", "question": "Q?", "gold": "2"}', '{"id": "b", "question": "Q?"'], r"bad\.jsonl:2: invalid JSON"),
+        (['{"id": "a", "gold": "2"}'], r"bad\.jsonl:1: field 'question' is missing"),
+        (['{"id": "a", "question": "Q?", "gold": ""}'], r"bad\.jsonl:1: field 'gold' must be a non-empty string"),
+        (['{"question": "Q?", "answer": "no final line"}'], r"bad\.jsonl:1: field 'answer' has no '####"),
+        (['{"id": "a", "question": "Q?", "gold": "2"}'] * 2, r"id 'a' appears more than once"),
+    ],
+)
+def test_malformed_data_fails_naming_file_line_and_field(tmp_path, lines, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(evaluate.EvaluationError, match=message):
+        evaluate.load_problems(f"jsonl:{path}")
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def test_cli_on_model_folder_writes_reports_and_logs_to_mlflow(workspace, tmp_path, capsys):
+    import mlflow
+
+    out = tmp_path / "out"
+    args = ["evaluate", "--model", str(workspace / "models/sft"), "--limit", "5", "--output", str(out)]
+    for o in overrides(workspace):
+        args += ["-S", o]
+    assert cli.main(args) == 0
+    printed = json.loads(capsys.readouterr().out)
+    metrics = json.loads((out / "sft.json").read_text())
+    items = read_items(out / "sft.items.jsonl")
+    assert printed["n"] == metrics["n"] == len(items) == 5
+    assert metrics["backend"] == "transformers" and metrics["protocol"] == "grpoflow"
+    assert {"id", "completion", "extracted", "correct"} <= set(items[0])
+    assert all(0 < i["completion_tokens"] <= 12 for i in items)
+    for key in ("accuracy_strict", "accuracy_flexible", "format_rate", "mean_completion_tokens", "completions_per_second"):
+        assert isinstance(metrics[key], float)
+    run = mlflow.get_run(printed["mlflow_run_id"])
+    assert run.info.run_name == "evaluate" and run.info.status == "FINISHED"
+    assert run.data.metrics["sft/n"] == 5
+    assert run.data.params["evaluate.model"] == str(workspace / "models/sft")
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "eval")}
+    assert {"eval/sft.json", "eval/sft.items.jsonl", "eval/sft_items_table.json"} <= artifacts
+
+
+def test_cli_lm_eval_protocol(workspace, tmp_path, capsys):
+    out = tmp_path / "lm"
+    args = ["evaluate", "--model", str(workspace / "models/sft"), "--limit", "3", "--output", str(out),
+            "--protocol", "lm-eval-gsm8k"]
+    for o in overrides(workspace):
+        args += ["-S", o]
+    assert cli.main(args) == 0
+    metrics = json.loads((out / "sft.json").read_text())
+    assert metrics["protocol"] == "lm-eval-gsm8k" and metrics["n"] == 3
+    # Some 5-shot prompts exceed the tiny model's 512-token context: their last tokens are kept.
+    assert 1 <= metrics["truncated_prompts"] <= 3
+
+
+def test_long_prompts_keep_their_last_tokens(workspace):
+    from components.generation import BackendError, encode_prompts, load_tokenizer
+
+    tok = load_tokenizer(workspace / "models/sft")
+    short, long = "Question: 1 + 1?\nAnswer:", "filler " * 400 + "Question: 2 + 2?\nAnswer:"
+    ids, truncated = encode_prompts(tok, [short, long], max_new_tokens=12, context=512)
+    assert truncated == 1 and len(ids[1]) == 500 and ids[0] == tok(short, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids[1]).endswith("Question: 2 + 2?\nAnswer:")
+    with pytest.raises(BackendError, match="lower evaluate.max_new_tokens"):
+        encode_prompts(tok, [short], max_new_tokens=512, context=512)
+
+
+def test_cli_missing_model_fails_clearly(workspace, tmp_path, capsys):
+    missing = tmp_path / "nowhere" / "grpo"
+    args = ["evaluate", "--model", str(missing)]
+    for o in overrides(workspace):
+        args += ["-S", o]
+    assert cli.main(args) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and str(missing) in last and "no such folder" in last
+
+
+def test_cli_malformed_data_fails_clearly(workspace, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "1", "question": "Q?", "gold": "3"}\n{"id": "2", "question": 5, "gold": "3"}\n')
+    args = ["evaluate", "--model", str(workspace / "models/sft"), "--data", f"jsonl:{bad}"]
+    for o in overrides(workspace):
+        args += ["-S", o]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2: field 'question' must be a string" in err
+
+
+def test_cli_on_registered_model_matches_the_folder(workspace, tmp_path, capsys):
+    """models:/NAME@ALIAS, logged with the transformers flavour as components/registry.py does."""
+    import mlflow
+    import transformers
+
+    from components.tracking import configure
+
+    configure(load_params(None, overrides(workspace)))
+    src = workspace / "models/grpo"
+    with mlflow.start_run():
+        info = mlflow.transformers.log_model(
+            transformers_model={
+                "model": transformers.AutoModelForCausalLM.from_pretrained(src),
+                "tokenizer": transformers.AutoTokenizer.from_pretrained(src),
+            },
+            name="model",
+            task="text-generation",
+            pip_requirements=["torch", "transformers"],
+        )
+    client = mlflow.MlflowClient()
+    client.create_registered_model("tiny-policy")
+    mv = client.create_model_version("tiny-policy", source=f"models:/{info.model_id}", model_id=info.model_id)
+    client.set_registered_model_alias("tiny-policy", "champion", str(mv.version))
+
+    results = {}
+    for spec, name in ((str(src), "grpo"), ("models:/tiny-policy@champion", "tiny-policy-champion")):
+        out = tmp_path / name
+        args = ["evaluate", "--model", spec, "--limit", "4", "--output", str(out)]
+        for o in overrides(workspace):
+            args += ["-S", o]
+        assert cli.main(args) == 0, capsys.readouterr().err
+        results[name] = read_items(out / f"{name}.items.jsonl")
+    assert [i["completion"] for i in results["grpo"]] == [i["completion"] for i in results["tiny-policy-champion"]]
+
+    assert cli.main(["evaluate", "--model", "models:/tiny-policy@nosuchalias", *sum((["-S", o] for o in overrides(workspace)), [])]) == 2
+    assert "could not download it from MLflow" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+def test_stage_writes_reports_comparison_and_cli_reproduces_it(workspace, capsys):
+    params_args = sum((["-S", o] for o in overrides(workspace, "evaluate.include_base=true", "evaluate.limit=6")), [])
+    assert evaluate.main(params_args) == 0
+    out = workspace / "reports/eval"
+    for name in ("base", "sft", "grpo"):
+        m = json.loads((out / f"{name}.json").read_text())
+        assert m["n"] == 6 and m["backend"] == "transformers"
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert set(comparison) == {"grpo_vs_sft", "grpo_vs_base", "sft_vs_base"}
+    for res in comparison.values():
+        assert {"delta", "ci95", "p_value"} <= set(res) and res["n"] == 6
+        assert res["ci95"][0] <= res["delta"] <= res["ci95"][1] and 0 < res["p_value"] <= 1
+    stage_items = read_items(out / "grpo.items.jsonl")
+
+    # `grpoflow evaluate --model <grpo folder>` on the same params reproduces the stage's numbers.
+    capsys.readouterr()
+    assert cli.main(["evaluate", "--model", str(workspace / "models/grpo"), *params_args]) == 0
+    cli_metrics = json.loads(capsys.readouterr().out)
+    stage_metrics = json.loads((out / "grpo.json").read_text())
+    assert cli_metrics["accuracy_strict"] == stage_metrics["accuracy_strict"]
+    cli_items = read_items(out / "cli" / "grpo" / "grpo.items.jsonl")
+    assert [i["completion"] for i in cli_items] == [i["completion"] for i in stage_items]
+
+
+def test_failed_stage_leaves_previous_reports(workspace, tmp_path, capsys):
+    params_args = sum((["-S", o] for o in overrides(workspace, "evaluate.limit=2", f"evaluate.output_dir={tmp_path}")), [])
+    assert evaluate.main(params_args) == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    broken = [*params_args, "-S", f"grpo.output_dir={tmp_path / 'missing'}"]
+    assert evaluate.main(broken) == 2
+    err = capsys.readouterr().err
+    assert "grpo model folder" in err and "dvc repro grpo" in err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_config_rejects_bad_values():
+    from components.config import ConfigError
+
+    with pytest.raises(ConfigError, match="evaluate.backend"):
+        load_params(None, ["evaluate.backend=tgi"])
+    with pytest.raises(ConfigError, match="evaluate.data"):
+        load_params(None, ["evaluate.data=s3://bucket/x"])
+    assert dataclasses.asdict(load_params(None, []).evaluate)["protocol"] == "grpoflow"

@@ -1,0 +1,181 @@
+"""Flow-wiring tests for pipelines/training.py on a throw-away DVC repo with trivial stages
+(tests/toy_repo.py): real DVC (repo, dvc.lock, local remote), real Prefect (its temporary
+local server, once for this process), real MLflow on SQLite with the registry.
+
+    pytest -q tests/test_flow.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from components.config import ConfigError
+from pipelines.training import (
+    PipelineLocked,
+    StageFailed,
+    apply_overrides,
+    pipeline_lock,
+    run_stage,
+    stage_order,
+    training_pipeline,
+)
+from tests.toy_repo import make_tiny_model, make_toy_repo, write_toy_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_server_stopped_after_module():
+    """Stop Prefect's temporary server while pytest still captures its goodbye log line."""
+    yield
+    from prefect.server.api.server import SubprocessASGIServer
+
+    SubprocessASGIServer().stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture
+def toy(tmp_path, tiny_model):
+    return make_toy_repo(tmp_path / "repo", tiny_model)
+
+
+def test_stage_order_is_the_dvc_graph_order(toy):
+    # toy dvc.yaml declares evaluate, grpo, prepare: the flow must sort by dependencies.
+    assert stage_order(toy) == ["prepare", "grpo", "evaluate"]
+
+
+def test_project_stage_order_matches_dvc_yaml():
+    import yaml
+
+    declared = list(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"])
+    order = stage_order(REPO)
+    assert sorted(order) == sorted(declared)
+    assert order[0] == "prepare"
+
+
+def test_apply_overrides_keeps_comments_and_validates(tmp_path):
+    p = tmp_path / "params.yaml"
+    p.write_text("register:\n  alpha: 0.05   # gate level\n  min_delta: 0.0\n")
+    apply_overrides(tmp_path, ["register.alpha=0.01"])
+    assert p.read_text() == "register:\n  alpha: 0.01   # gate level\n  min_delta: 0.0\n"
+    with pytest.raises(ConfigError, match="register.alpha"):
+        apply_overrides(tmp_path, ["register.min_delta=0.1", "register.alpha=2"])
+    assert "min_delta: 0.0" in p.read_text()  # nothing written when one override is bad
+
+
+def test_pipeline_lock_waits_then_fails_naming_the_holder(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time
+            sys.path.insert(0, {str(REPO)!r})
+            from pipelines.training import pipeline_lock
+            with pipeline_lock({str(tmp_path)!r}, 0):
+                print("held", flush=True)
+                time.sleep(float(sys.argv[1]))
+            print("released", flush=True)
+            """), "3"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(PipelineLocked, match=rf"pid {holder.pid} .*run_lock_timeout"):
+            with pipeline_lock(tmp_path, 0):
+                pass
+        with pipeline_lock(tmp_path, 60):  # waits for the holder to release, then proceeds
+            assert holder.stdout.readline().strip() == "released"
+    finally:
+        holder.kill()
+
+
+def test_transient_dvc_lock_contention_is_retried(toy):
+    """DVC's own lock held by another process: the stage task retries and then succeeds."""
+    import zc.lockfile
+
+    lock = zc.lockfile.LockFile(str(toy / ".dvc" / "tmp" / "lock"))
+    threading.Timer(4.0, lock.close).start()
+    task = run_stage.with_options(retries=5, retry_delay_seconds=2)
+    result = task("prepare", str(toy), "", os.environ["MLFLOW_TRACKING_URI"])
+    assert result["status"] == "ran"
+
+
+def test_training_flow_end_to_end(toy):
+    import mlflow
+
+    # Run 1: everything runs, v1 is registered and becomes champion.
+    s1 = training_pipeline(repo=str(toy))
+    assert [(s["stage"], s["status"]) for s in s1["stages"]] == [("prepare", "ran"), ("grpo", "ran"), ("evaluate", "ran")]
+    assert s1["registration"]["created"] and s1["registration"]["version"] == "1"
+    assert s1["decision"]["decision"] == "promoted"
+    assert s1["push"].startswith("pushed") and any((toy.parent / "dvc-remote").iterdir())
+
+    client = mlflow.MlflowClient()
+    parent = client.get_run(s1["run_id"])
+    lock_md5 = hashlib.md5((toy / "dvc.lock").read_bytes()).hexdigest()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=toy, capture_output=True, text=True).stdout.strip()
+    tags = parent.data.tags
+    assert parent.info.status == "FINISHED"
+    assert tags["git_commit"] == head and tags["git_dirty"] in ("true", "false")
+    assert tags["dvc_lock_md5"] == lock_md5
+    assert tags["prefect.flow_run_id"]
+    assert all(f"version.{p}" in tags for p in ("torch", "transformers", "trl", "peft", "vllm", "prefect", "mlflow", "dvc"))
+    assert tags["data_sha256.data/processed/items.jsonl"] == hashlib.sha256(
+        (toy / "data/processed/items.jsonl").read_bytes()).hexdigest()
+    assert parent.data.params["register.alpha"] == "0.05"
+    artifacts = {a.path for a in client.list_artifacts(s1["run_id"], "lineage")}
+    assert {"lineage/dvc.lock", "lineage/params.yaml", "lineage/stages.json", "lineage/data_sha256.json"} <= artifacts
+    children = {
+        r.data.tags["grpoflow.stage"]: r
+        for r in client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{s1['run_id']}'")
+    }
+    assert set(children) == {"prepare", "grpo", "evaluate"}  # prepare's made by the flow
+    assert children["grpo"].data.params["toy.skill"] == "30"
+    assert children["evaluate"].data.metrics["accuracy_strict"] == pytest.approx(0.3)
+    assert tags["stage.grpo.run_id"] == children["grpo"].info.run_id
+    mv = client.get_model_version("grpoflow-policy", "1")
+    assert mv.tags["git_commit"] == head and mv.tags["dvc_lock_md5"] == lock_md5
+    assert mv.tags["prefect.flow_run_id"] == tags["prefect.flow_run_id"]
+
+    # Run 2, nothing changed: all skipped, each pointing at the run that made its outputs; no version.
+    s2 = training_pipeline(repo=str(toy))
+    assert [s["status"] for s in s2["stages"]] == ["skipped"] * 3
+    assert {s["stage"]: s["produced_by"] for s in s2["stages"]} == {
+        k: v.info.run_id for k, v in children.items()
+    }
+    assert not s2["registration"]["created"]
+    assert len(client.search_model_versions("name = 'grpoflow-policy'")) == 1
+    assert client.get_run(s2["run_id"]).data.tags["stage.grpo.status"] == "skipped"
+
+    # Run 3, grpo changed but no better: prepare skipped, grpo + evaluate ran; v2 not promoted.
+    write_toy_params(toy, skill=31)
+    s3 = training_pipeline(repo=str(toy))
+    assert [s["status"] for s in s3["stages"]] == ["skipped", "ran", "ran"]
+    assert s3["registration"]["version"] == "2" and s3["decision"]["decision"] == "rejected"
+    assert "champion v1 kept" in client.get_model_version("grpoflow-policy", "2").tags["promotion.reason"]
+    assert str(client.get_model_version_by_alias("grpoflow-policy", "champion").version) == "1"
+
+    # Run 4, a failing stage command: no retry, parent FAILED, previous outputs intact.
+    runs_log = toy.parent / "grpo-runs.log"
+    before = runs_log.read_text().count("ran")
+    write_toy_params(toy, fail=True)
+    with pytest.raises(StageFailed, match="stage 'grpo' failed"):
+        training_pipeline(repo=str(toy))
+    assert runs_log.read_text().count("ran") == before + 1  # exactly one attempt
+    assert (toy / "models/grpo/skill.txt").read_text() == "31"
+    failed = client.search_runs(
+        [parent.info.experiment_id], "tags.`grpoflow.pipeline` = 'training-pipeline'",
+        order_by=["attributes.start_time DESC"], max_results=1,
+    )[0]
+    assert failed.info.status == "FAILED" and failed.data.tags["stage.grpo.status"] == "failed"
+    assert len(client.search_model_versions("name = 'grpoflow-policy'")) == 2

@@ -1,0 +1,461 @@
+"""Tests of the deployment files in infra/ that need no Docker engine: the Dockerfile, .dockerignore,
+infra/build.sh, infra/compose.yaml with infra/.env.example, infra/prefect.yaml with the work-pool
+templates, and the accelerate configs.
+
+Every entry point these files name is run with --help; the YAML/JSON files parse; images, targets,
+work pools and GPU requests agree with each other and with dvc.yaml; the deployments are applied to a
+real `prefect server` (which validates job variables against the pools); the DDP config launches two
+real processes (on CPU, gloo); the ZeRO configs resolve through accelerate's own launcher code.
+
+    pytest -q tests/test_infra.py
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+INFRA = REPO / "infra"
+BIN = Path(sys.executable).parent
+GPU_STAGES = {"sft", "grpo", "evaluate"}
+
+
+def run(cmd: list[str], timeout: float = 180, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **kw.pop("env", {})}
+    return subprocess.run(cmd, cwd=kw.pop("cwd", REPO), env=env, capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def load_yaml(path: Path):
+    return yaml.safe_load(path.read_text())
+
+
+def dvc_stages() -> list[str]:
+    return list(load_yaml(REPO / "dvc.yaml")["stages"])
+
+
+def constraint(name: str) -> str:
+    for line in (REPO / "requirements" / "constraints.txt").read_text().splitlines():
+        if line.lower().startswith(f"{name}=="):
+            return line.split("==", 1)[1].strip()
+    raise AssertionError(f"{name} is not pinned in requirements/constraints.txt")
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+
+def dockerfile_stages() -> dict[str, list[tuple[str, str]]]:
+    """{stage name: [(INSTRUCTION, arguments)]} with continuation lines joined and comments dropped."""
+    stages: dict[str, list[tuple[str, str]]] = {}
+    current = None
+    logical = ""
+    for raw in (INFRA / "Dockerfile").read_text().splitlines():
+        if raw.strip().startswith("#") and not logical:
+            continue
+        logical += raw.rstrip("\\").strip() + " " if raw.rstrip().endswith("\\") else raw.strip()
+        if raw.rstrip().endswith("\\") or not logical.strip():
+            continue
+        instr, _, args = logical.strip().partition(" ")
+        logical = ""
+        if instr.upper() == "FROM":
+            m = re.match(r"(\S+)(?:\s+AS\s+(\S+))?", args, re.IGNORECASE)
+            current = m.group(2) or m.group(1)
+            stages[current] = [("FROM", m.group(1))]
+        elif current is not None:
+            stages[current].append((instr.upper(), args))
+    return stages
+
+
+def stage_chain(stages, name) -> list[tuple[str, str]]:
+    """The instructions of a target including those of the stages it builds FROM."""
+    first = stages[name][0][1]
+    return (stage_chain(stages, first) if first in stages else []) + stages[name]
+
+
+def dockerignored(path: str) -> bool:
+    patterns = [p.strip() for p in (REPO / ".dockerignore").read_text().splitlines()
+                if p.strip() and not p.startswith("#")]
+    parts = Path(path).parts
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(fnmatch.fnmatch(prefix, pat.rstrip("/")) for pat in patterns for prefix in prefixes)
+
+
+def test_dockerfile_targets_user_entrypoint_and_install_order():
+    stages = dockerfile_stages()
+    assert {"cpu", "gpu", "tracking"} <= set(stages), sorted(stages)
+    for target in ("cpu", "gpu"):
+        chain = stage_chain(stages, target)
+        users = [a for i, a in chain if i == "USER"]
+        assert users and users[-1] not in ("root", "0"), f"{target}: must end as a non-root USER"
+        entry = json.loads(dict(chain)["ENTRYPOINT"])
+        script = entry[-1].replace("/app/", "")
+        assert (REPO / script).is_file() and os.access(REPO / script, os.X_OK), entry
+        runs = [a for i, a in chain if i == "RUN"]
+        torch_at = next(k for k, a in enumerate(runs) if "${TORCH_SPEC}" in a)
+        deps_at = next(k for k, a in enumerate(runs) if "-c /tmp/constraints" in a)
+        assert torch_at < deps_at, f"{target}: torch must be installed before the recorded working set"
+        assert any(i == "ARG" and a.startswith("TORCH_SPEC=") for i, a in chain), target
+        assert any(i == "ENV" and "GRPOFLOW_GIT_COMMIT" in a for i, a in chain), target
+        assert any("core.no_scm true" in a for a in runs), f"{target}: DVC must run without .git"
+    gpu_runs = " ".join(a for i, a in stage_chain(stages, "gpu") if i == "RUN")
+    assert ".[vllm]" in gpu_runs and "VLLM_SPEC" in gpu_runs and "DEEPSPEED_SPEC" in gpu_runs
+    assert "whl/cpu" in dict(stage_chain(stages, "cpu-deps")).get("ARG", "") or any(
+        "whl/cpu" in a for i, a in stage_chain(stages, "cpu") if i == "ARG")
+    # Everything COPY'd from the context exists and survives .dockerignore.
+    for target in stages:
+        for instr, args in stages[target]:
+            if instr == "COPY" and "--from" not in args:
+                for src in args.split()[:-1]:
+                    if src.startswith("--") or src == ".":
+                        continue
+                    assert (REPO / src).exists(), f"COPY {src}: missing"
+                    assert not dockerignored(src), f"COPY {src}: excluded by .dockerignore"
+
+
+def test_dockerignore_keeps_secrets_and_state_out_and_code_in():
+    for secret in (".git", "infra/.env", ".dvc/config.local", ".venv", "mlflow.db", "models", "data/processed"):
+        assert dockerignored(secret), secret
+    for needed in ("components/data.py", "pipelines/cli.py", "dvc.yaml", "params.yaml", ".dvc/config",
+                   "infra/entrypoint.sh", "requirements/constraints.txt", "pyproject.toml"):
+        assert not dockerignored(needed), needed
+
+
+def test_entrypoint_runs_every_dvc_stage_and_the_flow():
+    for stage in dvc_stages():
+        res = run([str(INFRA / "entrypoint.sh"), "stage", stage, "--help"])
+        assert res.returncode == 0 and "-S" in res.stdout, (stage, res.stderr[-2000:])
+    res = run([str(INFRA / "entrypoint.sh"), "stage", "no-such-stage"])
+    assert res.returncode == 2 and "stages of dvc.yaml" in res.stderr
+    res = run([str(INFRA / "entrypoint.sh"), "grpoflow", "--help"])
+    assert res.returncode == 0 and "run" in res.stdout
+    res = run([str(INFRA / "entrypoint.sh")])  # the image's CMD
+    assert res.returncode == 0 and "usage: grpoflow" in res.stdout
+
+
+def test_build_script_tags_images_with_the_git_commit():
+    if run(["git", "rev-parse", "HEAD"]).returncode != 0:
+        pytest.skip("not a git checkout")
+    sha = run(["git", "rev-parse", "--short", "HEAD"]).stdout.strip()
+    dirty = bool(run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip())
+    tag = sha + ("-dirty" if dirty else "")
+    out = run([str(INFRA / "build.sh"), "--print"]).stdout
+    assert f"--target cpu --build-arg GIT_COMMIT={tag} -t grpoflow:cpu-{tag} ." in out
+    assert f"--target gpu --build-arg GIT_COMMIT={tag} -t grpoflow:gpu-{tag} ." in out
+    res = run([str(INFRA / "build.sh"), "--print", "gpu"], env={"GRPOFLOW_REGISTRY": "reg.example/ml/", "PUSH": "1"})
+    assert f"-t reg.example/ml/grpoflow:gpu-{tag}" in res.stdout and f"docker push reg.example/ml/grpoflow:gpu-{tag}" in res.stdout
+    assert run([str(INFRA / "build.sh"), "--image", "cpu"]).stdout.strip() == f"grpoflow:cpu-{tag}"
+    assert run([str(INFRA / "build.sh"), "nope"]).returncode == 2
+    targets = set(dockerfile_stages())
+    assert {"cpu", "gpu", "tracking"} <= targets
+
+
+# --------------------------------------------------------------------------- compose
+
+
+def compose_vars(text: str) -> set[str]:
+    return set(re.findall(r"(?<!\$)\$\{([A-Z_][A-Z0-9_]*)", text))
+
+
+def test_compose_services_health_ports_and_secrets():
+    text = (INFRA / "compose.yaml").read_text()
+    compose = yaml.safe_load(text)
+    services = compose["services"]
+    assert {"postgres", "minio", "mlflow", "prefect-server", "prefect-worker"} <= set(services)
+    one_shot = {name for name, s in services.items() if "restart" not in s}
+    assert one_shot == {"minio-init"}
+    for name, svc in services.items():
+        if name not in one_shot:
+            assert "healthcheck" in svc, f"{name}: no health check"
+        for port in svc.get("ports", []):
+            assert port.startswith("${BIND_ADDRESS:-127.0.0.1}:"), f"{name}: port {port} not bound to 127.0.0.1"
+        for dep, cond in (svc.get("depends_on") or {}).items():
+            want = "service_completed_successfully" if dep in one_shot else "service_healthy"
+            assert cond["condition"] == want and dep in services, (name, dep, cond)
+        env = svc.get("environment") or {}
+        for key, value in env.items():
+            if re.search(r"PASSWORD|SECRET", key):
+                assert str(value).startswith("${"), f"{name}: {key} must come from infra/.env"
+        # `mlflow server` reads MLFLOW_PORT/MLFLOW_HOST as its own --port/--host: never set them by accident.
+        assert not {"MLFLOW_PORT", "MLFLOW_HOST"} & set(env), name
+    assert "ports" not in services["postgres"], "PostgreSQL must stay on the compose network"
+
+    # Every variable the file reads is in the committed template; the real file is git-ignored.
+    template = dict(line.split("=", 1) for line in (INFRA / ".env.example").read_text().splitlines()
+                    if line.strip() and not line.startswith("#"))
+    assert compose_vars(text) <= set(template), compose_vars(text) - set(template)
+    if run(["git", "rev-parse", "HEAD"]).returncode == 0:
+        assert run(["git", "check-ignore", "-q", "infra/.env"]).returncode == 0, "infra/.env must be git-ignored"
+        assert run(["git", "check-ignore", "-q", "infra/.env.example"]).returncode == 1
+
+    # Images: built ones from our Dockerfile targets; the Prefect server at the recorded Prefect version.
+    targets = set(dockerfile_stages())
+    for name, svc in services.items():
+        if "build" in svc:
+            assert svc["build"]["dockerfile"] == "infra/Dockerfile" and svc["build"]["target"] in targets, name
+            assert (INFRA / svc["build"]["context"]).resolve() == REPO, name
+    assert services["prefect-server"]["image"].startswith(f"prefecthq/prefect:{constraint('prefect')}-python")
+    for mount in services["postgres"]["volumes"]:
+        src = mount.split(":")[0]
+        if src.startswith("./"):
+            assert (INFRA / src).is_file(), mount
+
+    # The worker polls the process pool that infra/prefect.yaml names.
+    worker = services["prefect-worker"]["command"]
+    pool = worker[worker.index("--pool") + 1]
+    assert pool == load_yaml(INFRA / "prefect.yaml")["definitions"]["work_pools"]["process"]["name"]
+
+
+def test_commands_named_by_compose_answer_help_with_their_flags():
+    compose = load_yaml(INFRA / "compose.yaml")["services"]
+    for name in ("mlflow", "prefect-server", "prefect-worker"):
+        cmd = compose[name]["command"]
+        flags = [c.split("=")[0] for c in cmd if c.startswith("--")]
+        words = [c for c in cmd if not c.startswith("-")]
+        # the subcommand words up to the first flag: e.g. mlflow server / prefect worker start
+        head = []
+        for c in cmd:
+            if c.startswith("-"):
+                break
+            head.append(c)
+        res = run([str(BIN / head[0]), *head[1:], "--help"], env={"COLUMNS": "200"})
+        assert res.returncode == 0, (name, res.stderr[-2000:])
+        for flag in flags:
+            assert flag in res.stdout, f"{name}: `{' '.join(head)}` has no option {flag}"
+        assert words
+
+
+# --------------------------------------------------------------------------- prefect.yaml + work pools
+
+
+def pool_templates() -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in (INFRA / "work-pools").glob("*.json")}
+
+
+def container_deployments():
+    prefect = load_yaml(INFRA / "prefect.yaml")
+    return [d for d in prefect["deployments"] if d["work_pool"]["name"] != "grpoflow-process"]
+
+
+def is_gpu(deployment) -> bool:
+    jv = deployment["work_pool"].get("job_variables") or {}
+    if deployment["work_pool"]["name"] == "grpoflow-kubernetes":
+        return (jv.get("gpu_limit") or 0) > 0
+    reqs = (jv.get("container_create_kwargs") or {}).get("device_requests") or []
+    return any(["gpu"] in r.get("capabilities", []) for r in reqs)
+
+
+def test_prefect_yaml_pools_images_and_gpu_requests_agree():
+    prefect = load_yaml(INFRA / "prefect.yaml")
+    defs = prefect["definitions"]
+    resources = defs["stage_resources"]
+    assert set(dvc_stages()) <= set(resources), f"stages without a resource class: {set(dvc_stages()) - set(resources)}"
+    assert {s for s, r in resources.items() if r == "gpu"} == GPU_STAGES
+    assert set(resources.values()) == {"cpu", "gpu"}
+    pools = {p["name"] for p in defs["work_pools"].values()}
+    assert pools == {"grpoflow-process", "grpoflow-docker", "grpoflow-kubernetes"}
+    templates = pool_templates()
+    assert set(templates) == {"docker", "kubernetes"}
+    steps = {list(s.values())[0]["id"]: list(s.values())[0]["script"] for s in defs["steps"]["image_names"]}
+    assert steps == {"cpu-image": "infra/build.sh --image cpu", "gpu-image": "infra/build.sh --image gpu"}
+
+    deployments = container_deployments()
+    assert {d["work_pool"]["name"] for d in deployments} == {"grpoflow-docker", "grpoflow-kubernetes"}
+    for d in deployments:
+        assert d["entrypoint"].split(":")[0] and (REPO / d["entrypoint"].split(":")[0]).is_file(), d["name"]
+        jv = d["work_pool"]["job_variables"]
+        template = templates[d["work_pool"]["name"].removeprefix("grpoflow-")]
+        unknown = set(jv) - set(template["variables"]["properties"])
+        assert not unknown, f"{d['name']}: job variables the pool does not have: {unknown}"
+        gpu = is_gpu(d)
+        assert jv["image"] == ("{{ gpu-image.stdout }}" if gpu else "{{ cpu-image.stdout }}"), d["name"]
+        assert ("gpu" in d["tags"]) == gpu and ("cpu" in d["tags"]) == (not gpu), d["name"]
+        # The training flow runs every dvc.yaml stage, GPU stages among them: only a smoke run may be CPU.
+        if d["entrypoint"].endswith(":training_pipeline") and not gpu:
+            assert "smoke" in d["tags"], f"{d['name']}: the training pipeline runs GPU stages"
+        assert d["pull"] == [{"prefect.deployments.steps.set_working_directory": {"directory": "/app"}}]
+        assert dict(stage_chain(dockerfile_stages(), "cpu"))["WORKDIR"] == "/app"
+
+
+def test_kubernetes_template_renders_gpu_limits_only_for_gpu_deployments():
+    from prefect.utilities.templating import apply_values
+
+    template = pool_templates()["kubernetes"]
+    defaults = {k: v["default"] for k, v in template["variables"]["properties"].items() if "default" in v}
+    for d in container_deployments():
+        if d["work_pool"]["name"] != "grpoflow-kubernetes":
+            continue
+        manifest = apply_values(template["job_configuration"], {**defaults, **d["work_pool"]["job_variables"]})
+        pod = manifest["job_manifest"]["spec"]["template"]["spec"]
+        limits = {k: v for k, v in pod["containers"][0]["resources"]["limits"].items() if v is not None}
+        if is_gpu(d):
+            assert limits.get("nvidia.com/gpu", 0) >= 1 and pod["tolerations"], d["name"]
+        else:
+            assert "nvidia.com/gpu" not in limits and "tolerations" not in pod, d["name"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def prefect_server(tmp_path):
+    """A real `prefect server start` on 127.0.0.1 with its own PREFECT_HOME (SQLite)."""
+    port = free_port()
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    log = open(tmp_path / "prefect-server.log", "wb")
+    proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=5):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError((tmp_path / "prefect-server.log").read_text()[-3000:]) from None
+                time.sleep(1)
+        yield {**env, "PREFECT_API_URL": url}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def test_work_pools_and_deployments_apply_to_a_real_prefect_server(prefect_server):
+    """The README's commands: create the three pools, then `prefect deploy --all`; the server checks
+    every deployment's job variables against its pool's template."""
+    env = {**prefect_server, "MLFLOW_TRACKING_URI": "http://mlflow.example:5000",
+           "GRPOFLOW_REGISTRY": "registry.example/ml/"}
+    for args in (["grpoflow-process", "--type", "process"],
+                 ["grpoflow-docker", "--type", "docker", "--base-job-template", "infra/work-pools/docker.json"],
+                 ["grpoflow-kubernetes", "--type", "kubernetes", "--base-job-template",
+                  "infra/work-pools/kubernetes.json"]):
+        res = run([str(BIN / "prefect"), "work-pool", "create", *args], env=env)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    res = run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", "infra/prefect.yaml"],
+              env=env, timeout=600)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+
+    import asyncio
+
+    from prefect.client.orchestration import PrefectClient
+
+    async def read():
+        async with PrefectClient(api=env["PREFECT_API_URL"]) as client:
+            return {d.name: d for d in await client.read_deployments()}
+
+    deployed = asyncio.run(read())
+    images = {t: run([str(INFRA / "build.sh"), "--image", t], env=env).stdout.strip() for t in ("cpu", "gpu")}
+    assert images["gpu"].startswith("registry.example/ml/grpoflow:gpu-")
+    for d in container_deployments():
+        got = deployed[d["name"]]
+        assert got.work_pool_name == d["work_pool"]["name"]
+        assert got.job_variables["image"] == images["gpu" if is_gpu(d) else "cpu"], d["name"]
+        assert got.job_variables["env"]["MLFLOW_TRACKING_URI"] == "http://mlflow.example:5000"
+
+
+# --------------------------------------------------------------------------- accelerate
+
+
+ACCELERATE_CONFIGS = {"ddp": None, "zero2": 2, "zero3": 3}
+
+
+def test_accelerate_configs_resolve_through_accelerates_launcher():
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import DeepSpeedPlugin
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env
+
+    assert {p.stem for p in (INFRA / "accelerate").glob("*.yaml")} == set(ACCELERATE_CONFIGS)
+    for name, stage in ACCELERATE_CONFIGS.items():
+        path = str(INFRA / "accelerate" / f"{name}.yaml")
+        cfg = load_config_from_file(path)
+        args = launch_command_parser().parse_args(["--config_file", path, "-m", "components.grpo", "-S", "grpo.beta=0.0"])
+        args, defaults, _ = _validate_launch_command(args)
+        assert args.module and args.training_script == "components.grpo"
+        assert args.training_script_args == ["-S", "grpo.beta=0.0"]
+        assert cfg.mixed_precision == "no"  # precision is the trainer's setting (grpo.trainer.bf16)
+        if stage is None:
+            assert args.multi_gpu and not args.use_deepspeed
+            continue
+        assert args.use_deepspeed and defaults.deepspeed_config["zero_stage"] == stage
+        args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
+        _, env = prepare_deepspeed_cmd_env(args)
+        saved = dict(os.environ)
+        try:
+            os.environ.update({k: v for k, v in env.items() if k.startswith("ACCELERATE_")})
+            plugin = DeepSpeedPlugin()  # what the Trainer builds from the launcher's environment
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        assert plugin.zero_stage == stage
+        assert plugin.deepspeed_config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] == (stage == 3)
+
+
+def test_ddp_config_launches_two_processes(tmp_path):
+    """`accelerate launch --config_file infra/accelerate/ddp.yaml` for real, on CPU (gloo) instead of GPUs."""
+    script = tmp_path / "allreduce.py"
+    script.write_text(
+        "from accelerate import Accelerator\nimport torch\n"
+        "acc = Accelerator()\n"
+        "total = acc.reduce(torch.tensor([acc.process_index + 1.0]), reduction='sum')\n"
+        "print(f'rank={acc.process_index} world={acc.num_processes} sum={total.item()}', flush=True)\n"
+    )
+    res = run([str(BIN / "accelerate"), "launch", "--config_file", "infra/accelerate/ddp.yaml",
+               "--num_processes", "2", "--main_process_port", str(free_port()), str(script)],
+              env={"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    lines = sorted(re.findall(r"rank=\d world=\d sum=[\d.]+", res.stdout))
+    assert lines == ["rank=0 world=2 sum=3.0", "rank=1 world=2 sum=3.0"], res.stdout
+
+
+def test_scale_out_entry_points_answer_help():
+    """The launchers the scale-out section and the configs name."""
+    for cmd in (["accelerate", "launch", "--config_file", "infra/accelerate/zero3.yaml", "--help"],
+                ["trl", "vllm-serve", "--help"],
+                ["prefect", "work-pool", "create", "--help"],
+                ["prefect", "deploy", "--help"],
+                ["dvc", "remote", "add", "--help"]):
+        res = run([str(BIN / cmd[0]), *cmd[1:]])
+        assert res.returncode == 0, (cmd, res.stderr[-2000:])
+
+
+def test_dvc_remote_switch_commands_work_in_a_repo(tmp_path):
+    """The README's DVC remote commands, in a scratch git+DVC repo (no S3/GCS access needed)."""
+    if shutil.which("git") is None:
+        pytest.skip("git missing")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    assert run(["git", "init", "-q"], cwd=repo).returncode == 0
+    assert run([str(BIN / "dvc"), "init", "-q"], cwd=repo).returncode == 0
+    for cmd in (["remote", "add", "-d", "shared", "s3://my-bucket/grpoflow"],
+                ["remote", "modify", "shared", "endpointurl", "http://127.0.0.1:9000"],
+                ["remote", "add", "gcs", "gs://my-bucket/grpoflow"]):
+        res = run([str(BIN / "dvc"), *cmd], cwd=repo)
+        assert res.returncode == 0, (cmd, res.stderr)
+    config = (repo / ".dvc" / "config").read_text()
+    assert "remote = shared" in config and "url = s3://my-bucket/grpoflow" in config
+    assert "endpointurl = http://127.0.0.1:9000" in config and "url = gs://my-bucket/grpoflow" in config
