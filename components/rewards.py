@@ -16,7 +16,7 @@ None for a row whose gold is None (TRL then leaves that reward out for the row).
 
 All of them are built on components/gsm8k.py, the scorer evaluation uses too. None of them
 raises or hangs on any text: parsing is plain linear string scanning and math-verify runs
-only on short answers within a 20 ms budget (see gsm8k.answers_match).
+only on short answers within a 20 ms CPU-time budget (see gsm8k.answers_match).
 
 `get_reward_funcs(names)` resolves registry names and `package.module:function` paths;
 `build_rewards(params.rewards)` returns the functions and their weights for GRPOTrainer.
