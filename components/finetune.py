@@ -71,7 +71,7 @@ def device_defaults() -> dict[str, Any]:
     gpu = torch.cuda.is_available()
     return {
         "bf16": bool(gpu and torch.cuda.is_bf16_supported()),
-        "gradient_checkpointing": gpu,
+        "activation_checkpointing": gpu,  # transformers 5's name for gradient_checkpointing
         "report_to": ["mlflow"],
     }
 
@@ -100,7 +100,10 @@ def build_trl_args(config_cls: type, section: str, trainer: dict[str, Any], **st
             f"{section}.trainer.{unknown[0]}: not a field of trl.{config_cls.__name__} "
             f"(see `python -c 'import trl; help(trl.{config_cls.__name__})'`)"
         )
-    kwargs = {**device_defaults(), **_coerce_trainer_values(config_cls, section, trainer), **stage_set}
+    defaults = device_defaults()
+    if "gradient_checkpointing" in trainer:  # the deprecated alias, if given, must not be overridden
+        defaults.pop("activation_checkpointing")
+    kwargs = {**defaults, **_coerce_trainer_values(config_cls, section, trainer), **stage_set}
     try:
         return config_cls(**kwargs)
     except (ValueError, TypeError) as exc:

@@ -241,9 +241,15 @@ def dvc_push(root: str, run_id: str, tracking_uri: str) -> str:
 
 
 @task(name="lineage", cache_policy=NO_CACHE)
-def record_lineage(root: str, parent_run_id: str, stages: list[dict[str, Any]]) -> dict[str, str]:
-    """dvc.lock, data hashes and per-stage status onto the parent run; returns the lineage tags."""
+def record_lineage(
+    root: str, parent_run_id: str, stages: list[dict[str, Any]], eval_dir: str | None = None
+) -> dict[str, str]:
+    """dvc.lock, data hashes, per-stage status and the evaluation metrics onto the parent run;
+    returns the lineage tags."""
     import mlflow
+    from mlflow.entities import Metric
+
+    from components.registry import read_metrics
 
     client = mlflow.MlflowClient()
     root_p = Path(root)
@@ -271,6 +277,16 @@ def record_lineage(root: str, parent_run_id: str, stages: list[dict[str, Any]]) 
     client.log_dict(parent_run_id, {"stages": stages}, "lineage/stages.json")
     for key, value in tags.items():
         client.set_tag(parent_run_id, key, value)
+    # The evaluation metrics (current outputs, whether evaluate ran or was skipped) and stage
+    # durations, so that pipeline runs line up side by side in the MLflow compare view.
+    now = int(time.time() * 1000)
+    metrics = [Metric(f"stage.{s['stage']}.seconds", float(s["seconds"]), now, 0) for s in stages]
+    evaluated = read_metrics(root_p / eval_dir) if eval_dir else {}
+    for model, values in evaluated.items():
+        for key, value in values.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                metrics.append(Metric(f"{model}.{key}", float(value), now, 0))
+    client.log_batch(parent_run_id, metrics=metrics)
     return tags
 
 
@@ -429,7 +445,7 @@ def training_pipeline(repo: str | None = None, overrides: list[str] | None = Non
                 with failed_stage_recorded(stage, stages, where):
                     stages.append(run_stage.with_options(name=stage, task_run_name=stage)(stage, *where))
             pushed = dvc_push(*where)
-            lineage = record_lineage(str(root), run_id, stages)
+            lineage = record_lineage(str(root), run_id, stages, params.evaluate.output_dir)
             registration = decision = None
             if params.register.enabled:
                 registration = register_model(params, _version_tags(lineage, run_id), run_id, str(root))

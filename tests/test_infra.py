@@ -36,8 +36,9 @@ GPU_STAGES = {"sft", "grpo", "evaluate"}
 
 def run(cmd: list[str], timeout: float = 180, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **kw.pop("env", {})}
-    return subprocess.run(cmd, cwd=kw.pop("cwd", REPO), env=env, capture_output=True, text=True,
-                          timeout=timeout, **kw)
+    return subprocess.run(
+        cmd, cwd=kw.pop("cwd", REPO), env=env, capture_output=True, text=True, timeout=timeout, **kw
+    )
 
 
 def load_yaml(path: Path):
@@ -87,8 +88,11 @@ def stage_chain(stages, name) -> list[tuple[str, str]]:
 
 
 def dockerignored(path: str) -> bool:
-    patterns = [p.strip() for p in (REPO / ".dockerignore").read_text().splitlines()
-                if p.strip() and not p.startswith("#")]
+    patterns = [
+        p.strip()
+        for p in (REPO / ".dockerignore").read_text().splitlines()
+        if p.strip() and not p.startswith("#")
+    ]
     parts = Path(path).parts
     prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
     return any(fnmatch.fnmatch(prefix, pat.rstrip("/")) for pat in patterns for prefix in prefixes)
@@ -114,7 +118,8 @@ def test_dockerfile_targets_user_entrypoint_and_install_order():
     gpu_runs = " ".join(a for i, a in stage_chain(stages, "gpu") if i == "RUN")
     assert ".[vllm]" in gpu_runs and "VLLM_SPEC" in gpu_runs and "DEEPSPEED_SPEC" in gpu_runs
     assert "whl/cpu" in dict(stage_chain(stages, "cpu-deps")).get("ARG", "") or any(
-        "whl/cpu" in a for i, a in stage_chain(stages, "cpu") if i == "ARG")
+        "whl/cpu" in a for i, a in stage_chain(stages, "cpu") if i == "ARG"
+    )
     # Everything COPY'd from the context exists and survives .dockerignore.
     for target in stages:
         for instr, args in stages[target]:
@@ -127,10 +132,26 @@ def test_dockerfile_targets_user_entrypoint_and_install_order():
 
 
 def test_dockerignore_keeps_secrets_and_state_out_and_code_in():
-    for secret in (".git", "infra/.env", ".dvc/config.local", ".venv", "mlflow.db", "models", "data/processed"):
+    for secret in (
+        ".git",
+        "infra/.env",
+        ".dvc/config.local",
+        ".venv",
+        "mlflow.db",
+        "models",
+        "data/processed",
+    ):
         assert dockerignored(secret), secret
-    for needed in ("components/data.py", "pipelines/cli.py", "dvc.yaml", "params.yaml", ".dvc/config",
-                   "infra/entrypoint.sh", "requirements/constraints.txt", "pyproject.toml"):
+    for needed in (
+        "components/data.py",
+        "pipelines/cli.py",
+        "dvc.yaml",
+        "params.yaml",
+        ".dvc/config",
+        "infra/entrypoint.sh",
+        "requirements/constraints.txt",
+        "pyproject.toml",
+    ):
         assert not dockerignored(needed), needed
 
 
@@ -155,8 +176,13 @@ def test_build_script_tags_images_with_the_git_commit():
     out = run([str(INFRA / "build.sh"), "--print"]).stdout
     assert f"--target cpu --build-arg GIT_COMMIT={tag} -t grpoflow:cpu-{tag} ." in out
     assert f"--target gpu --build-arg GIT_COMMIT={tag} -t grpoflow:gpu-{tag} ." in out
-    res = run([str(INFRA / "build.sh"), "--print", "gpu"], env={"GRPOFLOW_REGISTRY": "reg.example/ml/", "PUSH": "1"})
-    assert f"-t reg.example/ml/grpoflow:gpu-{tag}" in res.stdout and f"docker push reg.example/ml/grpoflow:gpu-{tag}" in res.stdout
+    res = run(
+        [str(INFRA / "build.sh"), "--print", "gpu"], env={"GRPOFLOW_REGISTRY": "reg.example/ml/", "PUSH": "1"}
+    )
+    assert (
+        f"-t reg.example/ml/grpoflow:gpu-{tag}" in res.stdout
+        and f"docker push reg.example/ml/grpoflow:gpu-{tag}" in res.stdout
+    )
     assert run([str(INFRA / "build.sh"), "--image", "cpu"]).stdout.strip() == f"grpoflow:cpu-{tag}"
     assert run([str(INFRA / "build.sh"), "nope"]).returncode == 2
     targets = set(dockerfile_stages())
@@ -181,7 +207,9 @@ def test_compose_services_health_ports_and_secrets():
         if name not in one_shot:
             assert "healthcheck" in svc, f"{name}: no health check"
         for port in svc.get("ports", []):
-            assert port.startswith("${BIND_ADDRESS:-127.0.0.1}:"), f"{name}: port {port} not bound to 127.0.0.1"
+            assert port.startswith("${BIND_ADDRESS:-127.0.0.1}:"), (
+                f"{name}: port {port} not bound to 127.0.0.1"
+            )
         for dep, cond in (svc.get("depends_on") or {}).items():
             want = "service_completed_successfully" if dep in one_shot else "service_healthy"
             assert cond["condition"] == want and dep in services, (name, dep, cond)
@@ -194,18 +222,25 @@ def test_compose_services_health_ports_and_secrets():
     assert "ports" not in services["postgres"], "PostgreSQL must stay on the compose network"
 
     # Every variable the file reads is in the committed template; the real file is git-ignored.
-    template = dict(line.split("=", 1) for line in (INFRA / ".env.example").read_text().splitlines()
-                    if line.strip() and not line.startswith("#"))
+    template = dict(
+        line.split("=", 1)
+        for line in (INFRA / ".env.example").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    )
     assert compose_vars(text) <= set(template), compose_vars(text) - set(template)
     if run(["git", "rev-parse", "HEAD"]).returncode == 0:
-        assert run(["git", "check-ignore", "-q", "infra/.env"]).returncode == 0, "infra/.env must be git-ignored"
+        assert run(["git", "check-ignore", "-q", "infra/.env"]).returncode == 0, (
+            "infra/.env must be git-ignored"
+        )
         assert run(["git", "check-ignore", "-q", "infra/.env.example"]).returncode == 1
 
     # Images: built ones from our Dockerfile targets; the Prefect server at the recorded Prefect version.
     targets = set(dockerfile_stages())
     for name, svc in services.items():
         if "build" in svc:
-            assert svc["build"]["dockerfile"] == "infra/Dockerfile" and svc["build"]["target"] in targets, name
+            assert svc["build"]["dockerfile"] == "infra/Dockerfile" and svc["build"]["target"] in targets, (
+                name
+            )
             assert (INFRA / svc["build"]["context"]).resolve() == REPO, name
     assert services["prefect-server"]["image"].startswith(f"prefecthq/prefect:{constraint('prefect')}-python")
     for mount in services["postgres"]["volumes"]:
@@ -224,7 +259,6 @@ def test_commands_named_by_compose_answer_help_with_their_flags():
     for name in ("mlflow", "prefect-server", "prefect-worker"):
         cmd = compose[name]["command"]
         flags = [c.split("=")[0] for c in cmd if c.startswith("--")]
-        words = [c for c in cmd if not c.startswith("-")]
         # the subcommand words up to the first flag: e.g. mlflow server / prefect worker start
         head = []
         for c in cmd:
@@ -235,7 +269,6 @@ def test_commands_named_by_compose_answer_help_with_their_flags():
         assert res.returncode == 0, (name, res.stderr[-2000:])
         for flag in flags:
             assert flag in res.stdout, f"{name}: `{' '.join(head)}` has no option {flag}"
-        assert words
 
 
 # --------------------------------------------------------------------------- prefect.yaml + work pools
@@ -262,7 +295,9 @@ def test_prefect_yaml_pools_images_and_gpu_requests_agree():
     prefect = load_yaml(INFRA / "prefect.yaml")
     defs = prefect["definitions"]
     resources = defs["stage_resources"]
-    assert set(dvc_stages()) <= set(resources), f"stages without a resource class: {set(dvc_stages()) - set(resources)}"
+    assert set(dvc_stages()) <= set(resources), (
+        f"stages without a resource class: {set(dvc_stages()) - set(resources)}"
+    )
     assert {s for s, r in resources.items() if r == "gpu"} == GPU_STAGES
     assert set(resources.values()) == {"cpu", "gpu"}
     pools = {p["name"] for p in defs["work_pools"].values()}
@@ -298,7 +333,9 @@ def test_kubernetes_template_renders_gpu_limits_only_for_gpu_deployments():
     for d in container_deployments():
         if d["work_pool"]["name"] != "grpoflow-kubernetes":
             continue
-        manifest = apply_values(template["job_configuration"], {**defaults, **d["work_pool"]["job_variables"]})
+        manifest = apply_values(
+            template["job_configuration"], {**defaults, **d["work_pool"]["job_variables"]}
+        )
         pod = manifest["job_manifest"]["spec"]["template"]["spec"]
         limits = {k: v for k, v in pod["containers"][0]["resources"]["limits"].items() if v is not None}
         if is_gpu(d):
@@ -317,11 +354,20 @@ def free_port() -> int:
 def prefect_server(tmp_path):
     """A real `prefect server start` on 127.0.0.1 with its own PREFECT_HOME (SQLite)."""
     port = free_port()
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
     env.pop("PREFECT_API_URL", None)
     log = open(tmp_path / "prefect-server.log", "wb")
-    proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}/api"
     try:
         deadline = time.monotonic() + 120
@@ -347,16 +393,29 @@ def prefect_server(tmp_path):
 def test_work_pools_and_deployments_apply_to_a_real_prefect_server(prefect_server):
     """The README's commands: create the three pools, then `prefect deploy --all`; the server checks
     every deployment's job variables against its pool's template."""
-    env = {**prefect_server, "MLFLOW_TRACKING_URI": "http://mlflow.example:5000",
-           "GRPOFLOW_REGISTRY": "registry.example/ml/"}
-    for args in (["grpoflow-process", "--type", "process"],
-                 ["grpoflow-docker", "--type", "docker", "--base-job-template", "infra/work-pools/docker.json"],
-                 ["grpoflow-kubernetes", "--type", "kubernetes", "--base-job-template",
-                  "infra/work-pools/kubernetes.json"]):
+    env = {
+        **prefect_server,
+        "MLFLOW_TRACKING_URI": "http://mlflow.example:5000",
+        "GRPOFLOW_REGISTRY": "registry.example/ml/",
+    }
+    for args in (
+        ["grpoflow-process", "--type", "process"],
+        ["grpoflow-docker", "--type", "docker", "--base-job-template", "infra/work-pools/docker.json"],
+        [
+            "grpoflow-kubernetes",
+            "--type",
+            "kubernetes",
+            "--base-job-template",
+            "infra/work-pools/kubernetes.json",
+        ],
+    ):
         res = run([str(BIN / "prefect"), "work-pool", "create", *args], env=env)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    res = run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", "infra/prefect.yaml"],
-              env=env, timeout=600)
+    res = run(
+        [str(BIN / "prefect"), "--no-prompt", "deploy", "--all", "--prefect-file", "infra/prefect.yaml"],
+        env=env,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
 
     import asyncio
@@ -393,7 +452,9 @@ def test_accelerate_configs_resolve_through_accelerates_launcher():
     for name, stage in ACCELERATE_CONFIGS.items():
         path = str(INFRA / "accelerate" / f"{name}.yaml")
         cfg = load_config_from_file(path)
-        args = launch_command_parser().parse_args(["--config_file", path, "-m", "components.grpo", "-S", "grpo.beta=0.0"])
+        args = launch_command_parser().parse_args(
+            ["--config_file", path, "-m", "components.grpo", "-S", "grpo.beta=0.0"]
+        )
         args, defaults, _ = _validate_launch_command(args)
         assert args.module and args.training_script == "components.grpo"
         assert args.training_script_args == ["-S", "grpo.beta=0.0"]
@@ -412,7 +473,9 @@ def test_accelerate_configs_resolve_through_accelerates_launcher():
             os.environ.clear()
             os.environ.update(saved)
         assert plugin.zero_stage == stage
-        assert plugin.deepspeed_config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] == (stage == 3)
+        assert plugin.deepspeed_config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] == (
+            stage == 3
+        )
 
 
 def test_ddp_config_launches_two_processes(tmp_path):
@@ -424,21 +487,34 @@ def test_ddp_config_launches_two_processes(tmp_path):
         "total = acc.reduce(torch.tensor([acc.process_index + 1.0]), reduction='sum')\n"
         "print(f'rank={acc.process_index} world={acc.num_processes} sum={total.item()}', flush=True)\n"
     )
-    res = run([str(BIN / "accelerate"), "launch", "--config_file", "infra/accelerate/ddp.yaml",
-               "--num_processes", "2", "--main_process_port", str(free_port()), str(script)],
-              env={"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"})
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    res = run(
+        [
+            str(BIN / "accelerate"),
+            "launch",
+            "--config_file",
+            "infra/accelerate/ddp.yaml",
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            str(free_port()),
+            str(script),
+        ],
+        env={"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"},
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[:3000] + res.stderr[-1500:]
     lines = sorted(re.findall(r"rank=\d world=\d sum=[\d.]+", res.stdout))
     assert lines == ["rank=0 world=2 sum=3.0", "rank=1 world=2 sum=3.0"], res.stdout
 
 
 def test_scale_out_entry_points_answer_help():
     """The launchers the scale-out section and the configs name."""
-    for cmd in (["accelerate", "launch", "--config_file", "infra/accelerate/zero3.yaml", "--help"],
-                ["trl", "vllm-serve", "--help"],
-                ["prefect", "work-pool", "create", "--help"],
-                ["prefect", "deploy", "--help"],
-                ["dvc", "remote", "add", "--help"]):
+    for cmd in (
+        ["accelerate", "launch", "--config_file", "infra/accelerate/zero3.yaml", "--help"],
+        ["trl", "vllm-serve", "--help"],
+        ["prefect", "work-pool", "create", "--help"],
+        ["prefect", "deploy", "--help"],
+        ["dvc", "remote", "add", "--help"],
+    ):
         res = run([str(BIN / cmd[0]), *cmd[1:]])
         assert res.returncode == 0, (cmd, res.stderr[-2000:])
 
@@ -451,11 +527,57 @@ def test_dvc_remote_switch_commands_work_in_a_repo(tmp_path):
     repo.mkdir()
     assert run(["git", "init", "-q"], cwd=repo).returncode == 0
     assert run([str(BIN / "dvc"), "init", "-q"], cwd=repo).returncode == 0
-    for cmd in (["remote", "add", "-d", "shared", "s3://my-bucket/grpoflow"],
-                ["remote", "modify", "shared", "endpointurl", "http://127.0.0.1:9000"],
-                ["remote", "add", "gcs", "gs://my-bucket/grpoflow"]):
+    for cmd in (
+        ["remote", "add", "-d", "shared", "s3://my-bucket/grpoflow"],
+        ["remote", "modify", "shared", "endpointurl", "http://127.0.0.1:9000"],
+        ["remote", "modify", "--local", "shared", "access_key_id", "grpoflow"],
+        ["remote", "modify", "--local", "shared", "secret_access_key", "change-me-minio"],
+        ["remote", "add", "gcs", "gs://my-bucket/grpoflow"],
+    ):
         res = run([str(BIN / "dvc"), *cmd], cwd=repo)
         assert res.returncode == 0, (cmd, res.stderr)
     config = (repo / ".dvc" / "config").read_text()
     assert "remote = shared" in config and "url = s3://my-bucket/grpoflow" in config
     assert "endpointurl = http://127.0.0.1:9000" in config and "url = gs://my-bucket/grpoflow" in config
+    assert "secret_access_key" not in config  # credentials only in the git-ignored config.local
+    assert "secret_access_key = change-me-minio" in (repo / ".dvc" / "config.local").read_text()
+
+
+def test_scale_out_overrides_and_arguments_parse():
+    """The -S overrides and arguments of the README's GRPO, vLLM-server and evaluation commands."""
+    from trl.scripts.vllm_serve import make_parser
+
+    from components.config import load_params
+    from pipelines.cli import build_parser
+
+    p = load_params(
+        None,
+        [
+            "grpo.trainer.bf16=true",
+            "grpo.use_vllm=true",
+            "grpo.vllm_mode=server",
+            "grpo.trainer.vllm_server_base_url=http://127.0.0.1:8000",
+        ],
+    )
+    assert p.grpo.use_vllm and p.grpo.vllm_mode == "server"
+    assert p.grpo.trainer["vllm_server_base_url"] == "http://127.0.0.1:8000"
+    p = load_params(None, ["evaluate.backend=vllm", "evaluate.vllm_args.tensor_parallel_size=4"])
+    assert p.evaluate.backend == "vllm" and p.evaluate.vllm_args == {"tensor_parallel_size": 4}
+    args = build_parser().parse_args(
+        [
+            "evaluate",
+            "--model",
+            "models:/grpoflow-policy@champion",
+            "--data",
+            "hf:openai/gsm8k:main",
+            "--backend",
+            "vllm",
+            "-S",
+            "evaluate.vllm_args.tensor_parallel_size=4",
+        ]
+    )
+    assert args.backend == "vllm" and args.overrides == ["evaluate.vllm_args.tensor_parallel_size=4"]
+    (serve,) = make_parser().parse_args_into_dataclasses(
+        ["--model", "models/sft", "--tensor_parallel_size", "2", "--port", "8000"]
+    )
+    assert (serve.tensor_parallel_size, serve.port) == (2, 8000)

@@ -61,7 +61,9 @@ def pg_bindir() -> Path:
     initdb = shutil.which("initdb")
     if initdb:
         return Path(initdb).resolve().parent
-    pytest.fail("PostgreSQL is not installed (no initdb): run infra/install-postgres.sh or `make test-postgres`")
+    pytest.fail(
+        "PostgreSQL is not installed (no initdb): run infra/install-postgres.sh or `make test-postgres`"
+    )
 
 
 def tail(path: Path, n: int = 40) -> str:
@@ -98,7 +100,9 @@ class PostgresCluster:
             try:
                 pw = pwd.getpwnam("postgres")
             except KeyError:
-                pytest.fail("running as root but there is no `postgres` user: install Debian's postgresql package")
+                pytest.fail(
+                    "running as root but there is no `postgres` user: install Debian's postgresql package"
+                )
             self.as_user = ["runuser", "-u", "postgres", "--"]
             os.chown(self.root, pw.pw_uid, pw.pw_gid)
         self.sock.mkdir()
@@ -108,14 +112,35 @@ class PostgresCluster:
             for p in (self.sock, pwfile):
                 os.chown(p, pw.pw_uid, pw.pw_gid)
         self._run(
-            [str(self.bindir / "initdb"), "-D", str(self.data), "-U", "postgres", "--pwfile", str(pwfile),
-             "--auth=scram-sha-256", "-E", "UTF8", "--no-locale"],
+            [
+                str(self.bindir / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--pwfile",
+                str(pwfile),
+                "--auth=scram-sha-256",
+                "-E",
+                "UTF8",
+                "--no-locale",
+            ],
         )
         pwfile.unlink()
         self._run(
-            [str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60",
-             "-o", f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.sock}",
-             "start"],
+            [
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.log),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories={self.sock}",
+                "start",
+            ],
         )
         self.running = True
 
@@ -132,9 +157,17 @@ class PostgresCluster:
         import psycopg
         from psycopg import sql
 
-        with psycopg.connect(**self.dsn("postgres"), autocommit=True) as conn:  # CREATE DATABASE: no transaction
-            conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(owner), sql.Literal(password)))
-            conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(owner)))
+        with psycopg.connect(
+            **self.dsn("postgres"), autocommit=True
+        ) as conn:  # CREATE DATABASE: no transaction
+            conn.execute(
+                sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                    sql.Identifier(owner), sql.Literal(password)
+                )
+            )
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(name), sql.Identifier(owner))
+            )
         return f"postgresql://{owner}:{password}@127.0.0.1:{self.port}/{name}"
 
     def dsn(self, dbname: str) -> dict:
@@ -143,8 +176,12 @@ class PostgresCluster:
 
     def stop(self) -> None:
         if self.running:
-            subprocess.run(self.as_user + [str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast",
-                                           "-w", "stop"], capture_output=True, cwd=self.root)
+            subprocess.run(
+                self.as_user
+                + [str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"],
+                capture_output=True,
+                cwd=self.root,
+            )
             self.running = False
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -158,16 +195,28 @@ class MlflowServer:
         self.artifacts = workdir / "artifacts"
         self.log = workdir / "mlflow-server.log"
         cmd = [
-            sys.executable, "-m", "mlflow", "server",
-            "--backend-store-uri", backend_uri,
-            "--serve-artifacts", "--artifacts-destination", str(self.artifacts),
-            "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            backend_uri,
+            "--serve-artifacts",
+            "--artifacts-destination",
+            str(self.artifacts),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            "1",
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING")}
         with open(self.log, "wb") as log:
             # A session of its own, so that stop() reaches the server's worker processes too.
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir, env=env, start_new_session=True
+            )
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
             if self.proc.poll() is not None:
@@ -180,7 +229,9 @@ class MlflowServer:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise AssertionError(f"mlflow server not healthy after {STARTUP_TIMEOUT_S}s:\n{tail(self.log)}")
+                raise AssertionError(
+                    f"mlflow server not healthy after {STARTUP_TIMEOUT_S}s:\n{tail(self.log)}"
+                )
             time.sleep(1)
 
     def stop(self) -> None:
@@ -255,15 +306,18 @@ def test_server_stores_runs_and_models_in_postgres(tracking, postgres, tmp_path)
     got = http_get_json(tracking.url, "/api/2.0/mlflow/runs/get", run_id=run.info.run_id)["run"]
     assert got["data"]["params"] == [{"key": "backend", "value": "postgresql"}]
     assert got["data"]["metrics"][0]["key"] == "accuracy" and got["data"]["metrics"][0]["value"] == 0.5
-    alias = http_get_json(tracking.url, "/api/2.0/mlflow/registered-models/alias",
-                          name="infra-smoke-model", alias="champion")["model_version"]
+    alias = http_get_json(
+        tracking.url, "/api/2.0/mlflow/registered-models/alias", name="infra-smoke-model", alias="champion"
+    )["model_version"]
     assert alias["version"] == mv.version and alias["run_id"] == run.info.run_id
 
     # ...and the rows are in PostgreSQL, not in some local file store.
     with psycopg.connect(**postgres.dsn("mlflow")) as conn, conn.cursor() as cur:
         cur.execute("SELECT name FROM registered_models")
         assert ("infra-smoke-model",) in cur.fetchall()
-        cur.execute("SELECT alias, version FROM registered_model_aliases WHERE name = %s", ("infra-smoke-model",))
+        cur.execute(
+            "SELECT alias, version FROM registered_model_aliases WHERE name = %s", ("infra-smoke-model",)
+        )
         assert cur.fetchall() == [("champion", int(mv.version))]
         cur.execute("SELECT value FROM params WHERE run_uuid = %s AND key = 'backend'", (run.info.run_id,))
         assert cur.fetchall() == [("postgresql",)]
@@ -278,13 +332,27 @@ def make_tiny_model(out: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<unk>", " ", *"0123456789abcdefghijklmnopqrstuvwxyz?+=<>/"])}
+    vocab = {
+        t: i
+        for i, t in enumerate(["<pad>", "<eos>", "<unk>", " ", *"0123456789abcdefghijklmnopqrstuvwxyz?+=<>/"])
+    }
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
-    cfg = Qwen2Config(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                      eos_token_id=1, pad_token_id=0, tie_word_embeddings=True)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
+    cfg = Qwen2Config(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        eos_token_id=1,
+        pad_token_id=0,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(0)
     Qwen2ForCausalLM(cfg).save_pretrained(out)
     fast.save_pretrained(out)
@@ -298,7 +366,9 @@ def write_outputs(root: Path, correct: list[bool], lock_text: str) -> None:
     with open(ev / "grpo.items.jsonl", "w") as fh:
         for i, c in enumerate(correct):
             fh.write(json.dumps({"id": f"q{i}", "completion": "x", "extracted": "1", "correct": c}) + "\n")
-    (ev / "grpo.json").write_text(json.dumps({"accuracy_strict": sum(correct) / len(correct), "n": len(correct)}))
+    (ev / "grpo.json").write_text(
+        json.dumps({"accuracy_strict": sum(correct) / len(correct), "n": len(correct)})
+    )
     (ev / "sft.json").write_text(json.dumps({"accuracy_strict": 0.1, "n": len(correct)}))
     (root / "dvc.lock").write_text(lock_text)
 
@@ -354,12 +424,20 @@ def test_pipeline_registry_and_promotion_over_http(tracking, postgres, tmp_path,
     model = http_get_json(url, "/api/2.0/mlflow/registered-models/get", name=name)["registered_model"]
     aliases = {a["alias"]: a["version"] for a in model.get("aliases", [])}
     assert aliases == {"champion": "3", "challenger": "3"}
-    versions = {v["version"]: v for v in http_get_json(
-        url, "/api/2.0/mlflow/model-versions/search", filter=f"name = '{name}'")["model_versions"]}
+    versions = {
+        v["version"]: v
+        for v in http_get_json(url, "/api/2.0/mlflow/model-versions/search", filter=f"name = '{name}'")[
+            "model_versions"
+        ]
+    }
     assert sorted(versions) == ["1", "2", "3"]
     tags = {v: {t["key"]: t["value"] for t in versions[v].get("tags", [])} for v in versions}
-    assert tags["1"]["promotion.decision"] == "promoted" and "no champion yet" in tags["1"]["promotion.reason"]
-    assert tags["2"]["promotion.decision"] == "rejected" and "champion v1 kept" in tags["2"]["promotion.reason"]
+    assert (
+        tags["1"]["promotion.decision"] == "promoted" and "no champion yet" in tags["1"]["promotion.reason"]
+    )
+    assert (
+        tags["2"]["promotion.decision"] == "rejected" and "champion v1 kept" in tags["2"]["promotion.reason"]
+    )
     assert tags["3"]["promotion.decision"] == "promoted" and tags["3"]["promotion.previous_champion"] == "1"
     assert float(tags["3"]["promotion.p_value"]) < params.register.alpha
     assert len({tags[v]["dvc_lock_md5"] for v in tags}) == 3
@@ -379,11 +457,14 @@ def test_pipeline_registry_and_promotion_over_http(tracking, postgres, tmp_path,
     # champion loads back over HTTP with the transformers flavour.
     assert list(tracking.artifacts.rglob("model.safetensors")), "no model weights in the artifact store"
     components = mlflow.transformers.load_model(f"models:/{name}@champion", return_type="components")
-    out = components["model"].generate(**components["tokenizer"]("1+1=", return_tensors="pt"), max_new_tokens=3)
+    out = components["model"].generate(
+        **components["tokenizer"]("1+1=", return_tensors="pt"), max_new_tokens=3
+    )
     assert out.shape[1] > 4
 
     # ...and the registry rows live in PostgreSQL.
     with psycopg.connect(**postgres.dsn("mlflow")) as conn:
-        rows = conn.execute("SELECT alias, version FROM registered_model_aliases WHERE name = %s ORDER BY alias",
-                            (name,)).fetchall()
+        rows = conn.execute(
+            "SELECT alias, version FROM registered_model_aliases WHERE name = %s ORDER BY alias", (name,)
+        ).fetchall()
     assert rows == [("challenger", 3), ("champion", 3)]

@@ -1,0 +1,46 @@
+"""`grpoflow ui`: the MLflow UI for this checkout's tracking store, on 127.0.0.1.
+
+    grpoflow ui                      # http://127.0.0.1:5000 (pipeline runs, stage runs, the registry)
+    grpoflow ui --port 5001
+
+It runs `mlflow server` on the resolved tracking URI (MLFLOW_TRACKING_URI, else
+`tracking.uri`, a relative sqlite path made absolute against the repo root), with new
+experiments' artifacts under `tracking.artifact_location`. When the tracking URI is
+already a server (http[s]://), there is nothing to start: it prints that address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from components.config import ConfigError, load_params
+from components.tracking import resolve_artifact_location, resolve_tracking_uri
+
+
+def server_command(uri: str, artifact_root: str | None, host: str, port: int) -> list[str]:
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    if artifact_root:
+        cmd += ["--default-artifact-root", artifact_root]
+    return cmd
+
+
+def cli_ui(args: argparse.Namespace) -> int:
+    try:
+        params = load_params(args.params, args.overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    uri = resolve_tracking_uri(params)
+    if uri.startswith(("http://", "https://")):
+        print(f"tracking URI {uri} is an MLflow server already: open it in a browser")
+        return 0
+    cmd = server_command(uri, resolve_artifact_location(params, uri), args.host, args.port)
+    print(f"MLflow UI for {uri} on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true")}
+    try:
+        return subprocess.run(cmd, env=env).returncode
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,226 @@
+"""Tiny-model end-to-end training: the model stage, a few SFT and GRPO steps that change the
+weights and log to MLflow, a GRPO run killed after its first checkpoint that resumes, and
+stages that fail early on bad configs or a missing SFT model.
+
+Each test works in its own folder with a tiny model (1 layer, 32 wide) and a few dozen
+synthetic problems; the whole file takes about a minute on two cores.
+
+    pytest -q tests/slow/test_training.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components import modeling
+from components.config import load_params
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+
+TINY_PARAMS = {
+    "model": {
+        "tiny_hidden_size": 32,
+        "tiny_intermediate_size": 64,
+        "tiny_num_layers": 1,
+        "tiny_num_heads": 2,
+        "tiny_vocab_size": 300,
+    },
+    "sft": {
+        "sample_size": 4,
+        "demo_wrong_rate": 0.2,
+        "trainer": {
+            "max_steps": 4,
+            "per_device_train_batch_size": 4,
+            "learning_rate": 1.0e-3,
+            "logging_steps": 2,
+            "save_steps": 2,
+            "seed": 0,
+        },
+    },
+    "grpo": {
+        "sample_size": 4,
+        "num_generations": 4,
+        "trainer": {
+            "max_steps": 4,
+            "per_device_train_batch_size": 8,
+            "learning_rate": 1.0e-3,
+            "max_completion_length": 24,
+            "logging_steps": 2,
+            "save_steps": 2,
+            "seed": 0,
+        },
+    },
+    "rewards": {"funcs": ["format", "accuracy"], "weights": [0.5, 1.0]},
+}
+
+
+def _env(workdir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
+    return env
+
+
+def stage(workdir: Path, module: str, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `python -m components.<module>` in `workdir` like DVC does."""
+    args = [sys.executable, "-m", f"components.{module}", "--params", "params.yaml"]
+    for o in overrides:
+        args += ["-S", o]
+    proc = subprocess.run(args, cwd=workdir, env=_env(workdir), capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{module} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A folder with params.yaml (tiny settings), data/processed and models/base."""
+    from components.config import DataConfig
+    from components.data import run as prepare
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        prepare(DataConfig(synthetic_train_size=48, synthetic_test_size=8, seed=3))
+        params = load_params("params.yaml")
+        modeling.run(params.model, Path("data/processed/train.jsonl"))
+    finally:
+        os.chdir(cwd)
+    return tmp_path
+
+
+def weights(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path / "model.safetensors"))
+
+
+def changed(a: dict, b: dict) -> list[str]:
+    import torch
+
+    assert a.keys() == b.keys()
+    return [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def mlflow_run(workdir: Path, name: str):
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("grpoflow")
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.runName = '{name}'")
+    assert runs, f"no MLflow run named {name}"
+    return client, runs[0]
+
+
+def test_sft_then_grpo_change_the_weights_and_log(workdir: Path):
+    stage(workdir, "sft")
+    base, sft = weights(workdir / "models/base"), weights(workdir / "models/sft")
+    assert len(changed(base, sft)) == len(base)  # every tensor moved
+    report = json.loads((workdir / "reports/train/sft.json").read_text())
+    assert report["global_step"] == 4 and report["demos"] == 48 and report["resumed_from"] is None
+    assert not (workdir / "checkpoints/sft").exists()  # deleted after the save
+
+    stage(workdir, "grpo")
+    grpo = weights(workdir / "models/grpo")
+    assert changed(sft, grpo)
+    assert json.loads((workdir / "reports/train/grpo.json").read_text())["global_step"] == 4
+
+    client, run = mlflow_run(workdir, "grpo")
+    assert run.info.status == "FINISHED"
+    metrics = run.data.metrics
+    for key in ("loss", "kl", "reward", "reward_std", "frac_reward_zero_std", "learning_rate",
+                "rewards/format_reward/mean", "rewards/accuracy_reward/std", "clip_ratio/region_mean",
+                "completions/mean_length", "sample_accuracy"):
+        assert key in metrics, key
+    assert run.data.params["grpo.beta"] == "0.04" and run.data.params["loss_type"] == "grpo"
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"grpo_completions.json", "grpo_samples.json"} <= artifacts
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, "grpo_completions.json")).read_text())
+    assert {"step", "prompt", "completion", "reward_format_reward", "advantage"} <= set(table["columns"])
+    _, sft_run = mlflow_run(workdir, "sft")
+    assert "loss" in sft_run.data.metrics and "demos_wrong" in sft_run.data.metrics
+
+
+def test_lora_grpo_merges_into_a_plain_model(workdir: Path):
+    stage(workdir, "sft", "sft.trainer.max_steps=2")
+    stage(workdir, "grpo", "grpo.use_lora=true", "grpo.lora.r=4", "grpo.trainer.max_steps=2")
+    out = workdir / "models/grpo"
+    assert modeling.is_model_dir(out) and not (out / "adapter_config.json").exists()
+    assert weights(out).keys() == weights(workdir / "models/sft").keys()
+    assert changed(weights(workdir / "models/sft"), weights(out))
+
+
+def test_killed_grpo_resumes_from_its_checkpoint(workdir: Path):
+    stage(workdir, "sft", "sft.trainer.max_steps=2")
+    before = (workdir / "models/sft/model.safetensors").read_bytes()
+    overrides = ["grpo.trainer.max_steps=30", "grpo.trainer.save_steps=3"]
+    cmd = [sys.executable, "-m", "components.grpo", "--params", "params.yaml"]
+    for o in overrides:
+        cmd += ["-S", o]
+    proc = subprocess.Popen(cmd, cwd=workdir, env=_env(workdir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = workdir / "checkpoints/grpo/checkpoint-3/trainer_state.json"
+    deadline = time.monotonic() + 300
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    assert first.exists(), "no checkpoint appeared before the run ended"
+    assert not (workdir / "models/grpo").exists()  # nothing half-written
+    done = sorted(int(p.name.split("-")[1]) for p in (workdir / "checkpoints/grpo").glob("checkpoint-*"))
+    assert done and max(done) < 30, "the run finished before it was killed; make it longer"
+
+    again = stage(workdir, "grpo", *overrides)
+    assert "grpo: resuming from checkpoint" in again.stderr
+    report = json.loads((workdir / "reports/train/grpo.json").read_text())
+    assert report["global_step"] == 30
+    assert report["resumed_from"].endswith(tuple(f"checkpoint-{s}" for s in done))
+    assert (workdir / "models/sft/model.safetensors").read_bytes() == before
+    # A finished stage leaves no checkpoints behind: the next run starts from scratch.
+    assert not (workdir / "checkpoints/grpo").exists()
+
+
+def test_changed_params_do_not_resume_a_stale_checkpoint(workdir: Path):
+    stage(workdir, "sft", "sft.trainer.max_steps=2")
+    ckpt = workdir / "checkpoints/grpo"
+    # A crash left a checkpoint made with other params.
+    from components import finetune
+
+    finetune.resume_point(ckpt, "made-with-other-params", True, "grpo")
+    (ckpt / "checkpoint-2").mkdir()
+    (ckpt / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    out = stage(workdir, "grpo", "grpo.trainer.max_steps=2")
+    assert "starting over" in out.stderr and "resuming" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "module,overrides,message",
+    [
+        ("grpo", ["grpo.loss_type=ppo"], "grpo.loss_type: expected one of"),
+        ("grpo", ["grpo.trainer.per_device_train_batch_size=6"], "not divisible by num_generations=4"),
+        ("grpo", ["grpo.init_dir=models/nope"], "SFT model folder models/nope is missing"),
+        ("grpo", ["rewards.funcs=[nope]", "rewards.weights=[1]"], "nope"),
+        ("grpo", ["grpo.trainer.importance_sampling_levl=sequence"], "not a field of trl.GRPOConfig"),
+        ("sft", ["sft.trainer.lr_scheduler_type=zigzag"], "sft.trainer: trl.SFTConfig rejected"),
+        ("sft", ["model.base_dir=models/nope"], "base model folder models/nope is missing"),
+    ],
+)
+def test_bad_configs_fail_early_with_a_clear_message(workdir: Path, module, overrides, message):
+    proc = stage(workdir, module, *overrides, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert message in proc.stderr
+    # Failed before training: no checkpoint folder was made, no model written.
+    assert not (workdir / "models/grpo").exists() and not (workdir / "checkpoints").exists()

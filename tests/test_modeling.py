@@ -1,0 +1,243 @@
+"""Tiny model and training plumbing: tokenizer, determinism, save/load round trip, atomic
+outputs, noisy SFT demonstrations, TRL arguments from params, resume bookkeeping, and
+training configs that must fail before any work starts.
+
+    pytest -q tests/test_modeling.py
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from components import finetune, gsm8k, modeling
+from components.config import ConfigError, ModelConfig, load_params
+from components.sft import build_demos, untagged_target, wrong_answer
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = dict(tiny_hidden_size=32, tiny_intermediate_size=64, tiny_num_layers=1, tiny_num_heads=2, tiny_vocab_size=300)
+
+
+def write_rows(path: Path, n: int = 40, seed: int = 0) -> Path:
+    from components.data import convert_row, synthetic_problem
+
+    rng = random.Random(seed)
+    rows = [convert_row(synthetic_problem(rng), f"r{i}") for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def train_file(tmp_path_factory) -> Path:
+    return write_rows(tmp_path_factory.mktemp("data") / "train.jsonl")
+
+
+@pytest.fixture(scope="module")
+def tiny(train_file):
+    return modeling.build_tiny(ModelConfig(**SMALL), train_file)
+
+
+# --------------------------------------------------------------------------- tiny model
+
+
+def test_tokenizer_splits_digits_and_has_chat_template(tiny):
+    _, tok = tiny
+    pieces = tok.convert_ids_to_tokens(tok("Ann has 128 pens.")["input_ids"])
+    assert [p for p in pieces if p.strip("Ġ").isdigit()] == ["1", "2", "8"]
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and tok.pad_token_id != tok.eos_token_id
+    prompt = gsm8k.render_prompt("What is 2 + 3?", tok)
+    assert prompt == "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
+    text = gsm8k.format_target("2 + 3 = 5", "5")
+    assert tok.decode(tok(text)["input_ids"]) == text
+
+
+def test_tiny_model_is_identical_for_the_same_seed(train_file, tmp_path):
+    cfg = ModelConfig(**SMALL)
+    a = modeling.run(cfg, train_file, tmp_path / "a")
+    b = modeling.run(cfg, train_file, tmp_path / "b")
+    c = modeling.run(ModelConfig(**{**SMALL, "seed": 1}), train_file, tmp_path / "c")
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
+    assert (a / "tokenizer.json").read_bytes() == (c / "tokenizer.json").read_bytes()  # data, not seed
+
+
+def test_save_load_round_trip(tiny, tmp_path):
+    import torch
+
+    model, tok = tiny
+    out = modeling.save_model(model, tok, tmp_path / "m", {"note.json": {"x": 1}})
+    assert modeling.is_model_dir(out) and json.loads((out / "note.json").read_text()) == {"x": 1}
+    loaded, ltok = modeling.load_model_and_tokenizer(out, ModelConfig())
+    ids = tok(gsm8k.render_prompt("Ann has 3 pens.", tok), return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded(ids).logits)
+    assert ltok.get_vocab() == tok.get_vocab() and ltok.chat_template == tok.chat_template
+    assert ltok(["a 12", "b"])["input_ids"] == tok(["a 12", "b"])["input_ids"]
+    assert ltok.padding_side == "left"
+    assert modeling.generate(loaded, ltok, ["Ann"], max_new_tokens=3) == modeling.generate(
+        model, tok, ["Ann"], max_new_tokens=3
+    )
+
+
+def test_write_atomically_keeps_the_old_folder_on_failure(tmp_path):
+    out = tmp_path / "models" / "sft"
+    modeling.write_atomically(out, lambda d: (d / "a.txt").write_text("old"))
+
+    def broken(d: Path) -> None:
+        (d / "a.txt").write_text("half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        modeling.write_atomically(out, broken)
+    assert (out / "a.txt").read_text() == "old"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["sft"]  # no temp folders left
+    modeling.write_atomically(out, lambda d: (d / "b.txt").write_text("new"))
+    assert sorted(p.name for p in out.iterdir()) == ["b.txt"]
+
+
+def test_missing_model_folder_names_the_stage(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"SFT model folder .*nope is missing.*dvc repro sft"):
+        modeling.require_model_dir(tmp_path / "nope", "SFT model", "sft")
+
+
+# --------------------------------------------------------------------------- SFT demonstrations
+
+
+def test_untagged_and_wrong_demonstrations():
+    assert untagged_target("3 + 4 = 7", "7") == "3 + 4 = 7\n#### 7"
+    rng = random.Random(0)
+    solution = "Ann has 3 + 4 = 7 pens.\nAnn has 7 * 2 = 14 pens."
+    assert {wrong_answer(solution, "14", rng) for _ in range(20)} == {"7"}  # an earlier step's result
+    assert {wrong_answer("5 - 2 = 3", "3", rng) for _ in range(50)} == {"2", "4"}  # off by one
+    assert wrong_answer("0 + 0 = 0", "0", rng) == "1"
+
+
+@pytest.mark.parametrize("untagged,wrong", [(0.0, 0.0), (0.5, 0.0), (0.3, 0.4), (1.0, 1.0)])
+def test_demo_noise_rates(train_file, untagged, wrong):
+    from components.config import SFTConfig
+
+    rows = finetune.read_rows(train_file) * 10
+    cfg = SFTConfig(demo_untagged_rate=untagged, demo_wrong_rate=wrong)
+    ds, counts = build_demos(rows, None, cfg)
+    n = len(rows)
+    assert counts["demos"] == n == len(ds)
+    tagged = sum(gsm8k.has_strict_format(c) for c in ds["completion"])
+    assert tagged == n - counts["demos_untagged"]
+    assert abs(counts["demos_untagged"] / n - untagged) < 0.08 and abs(counts["demos_wrong"] / n - wrong) < 0.08
+    right = sum(
+        gsm8k.is_correct(c, r["gold"], "flexible") for c, r in zip(ds["completion"], rows, strict=True)
+    )
+    assert right == n - counts["demos_wrong"]
+    again, _ = build_demos(rows, None, cfg)
+    assert again["completion"] == ds["completion"]  # seeded
+
+
+# --------------------------------------------------------------------------- params -> TRL
+
+
+def test_trl_args_from_params():
+    from trl import GRPOConfig, SFTConfig
+
+    params = load_params(REPO / "params.yaml")
+    from components.grpo import recipe
+
+    args = finetune.build_trl_args(
+        GRPOConfig, "grpo", params.grpo.trainer, output_dir="x", **recipe(params)
+    )
+    assert (args.beta, args.loss_type, args.epsilon, args.num_generations) == (0.04, "grpo", 0.2, 8)
+    assert (args.temperature, args.scale_rewards) == (0.8, "group")
+    assert args.bf16 is False and args.gradient_checkpointing is False  # CPU
+    assert args.report_to == ["mlflow"]
+    sft = finetune.build_trl_args(SFTConfig, "sft", {"learning_rate": "1e-4", "max_steps": 3}, output_dir="x")
+    assert sft.learning_rate == 1e-4 and sft.max_steps == 3  # YAML 1.1 reads 1e-4 as a string
+    with pytest.raises(ConfigError, match=r"sft\.trainer\.max_stepz: not a field of trl\.SFTConfig"):
+        finetune.build_trl_args(SFTConfig, "sft", {"max_stepz": 3}, output_dir="x")
+    with pytest.raises(ConfigError, match=r"sft\.trainer: trl\.SFTConfig rejected"):
+        finetune.build_trl_args(SFTConfig, "sft", {"lr_scheduler_type": "zigzag"}, output_dir="x")
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("grpo.loss_type=ppo", r"grpo\.loss_type: expected one of \['grpo', 'bnpo', 'dr_grpo', 'dapo'"),
+        ("grpo.trainer.per_device_train_batch_size=12", r"generation batch of 12 .* not divisible by num_generations=8"),
+        ("grpo.trainer.beta=0.1", r"grpo\.trainer\.beta: the stage sets it; use grpo\.beta instead"),
+        ("grpo.trainer.reward_weights=[1]", r"set rewards\.weights instead"),
+        ("sft.trainer.output_dir=x", r"sft\.trainer\.output_dir: the stage sets it"),
+        ("grpo.num_generations=1", r"grpo\.num_generations: expected a value >= 2"),
+        ("sft.demo_untagged_rate=1.5", r"sft\.demo_untagged_rate: expected a value <= 1"),
+    ],
+)
+def test_bad_training_params_fail_at_load(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_params(REPO / "params.yaml", [override])
+
+
+def test_nested_override_keeps_the_other_trainer_keys():
+    params = load_params(REPO / "params.yaml", ["sft.trainer.max_steps=7"])
+    default = load_params(REPO / "params.yaml")
+    assert params.sft.trainer == {**default.sft.trainer, "max_steps": 7}
+
+
+def test_every_trl_loss_type_is_selectable():
+    """The choices in config.py are exactly the loss types TRL's GRPO trainer implements."""
+    import re
+
+    import trl.trainer.grpo_trainer as gt
+
+    from components.config import GRPO_LOSS_TYPES
+
+    source = Path(gt.__file__).read_text()
+    implemented = set(re.findall(r'self\.loss_type == "(\w+)"', source))
+    for group in re.findall(r"self\.loss_type in \[([^\]]*)\]", source):
+        implemented |= set(re.findall(r'"(\w+)"', group))
+    assert implemented == set(GRPO_LOSS_TYPES)
+
+
+# --------------------------------------------------------------------------- resume bookkeeping
+
+
+def _checkpoint(d: Path, step: int, complete: bool = True) -> None:
+    c = d / f"checkpoint-{step}"
+    c.mkdir(parents=True)
+    if complete:
+        (c / "trainer_state.json").write_text("{}")
+
+
+def test_resume_point(tmp_path, caplog):
+    d = tmp_path / "ckpt"
+    assert finetune.resume_point(d, "fp1", True, "grpo") is None and d.is_dir()
+    _checkpoint(d, 2)
+    _checkpoint(d, 10)
+    _checkpoint(d, 12, complete=False)  # killed while saving
+    with caplog.at_level("WARNING"):
+        assert finetune.resume_point(d, "fp1", True, "grpo") == str(d / "checkpoint-10")
+    assert "resuming from checkpoint" in caplog.text and "(step 10)" in caplog.text
+    # other params or data: start over, and say so
+    assert finetune.resume_point(d, "fp2", True, "grpo") is None
+    assert "starting over" in caplog.text and not list(d.glob("checkpoint-*"))
+    _checkpoint(d, 4)
+    assert finetune.resume_point(d, "fp2", False, "grpo") is None and not list(d.glob("checkpoint-*"))
+
+
+def test_fingerprint_follows_settings_and_input_files(tmp_path):
+    f = tmp_path / "train.jsonl"
+    f.write_text("a\n")
+    one = finetune.fingerprint({"lr": 1}, [f])
+    assert one == finetune.fingerprint({"lr": 1}, [f])
+    assert one != finetune.fingerprint({"lr": 2}, [f])
+    f.write_text("b\n")
+    assert one != finetune.fingerprint({"lr": 1}, [f])
+
+
+def test_read_rows_names_file_and_line(tmp_path):
+    f = tmp_path / "train.jsonl"
+    f.write_text('{"question": "q", "solution": "s", "gold": "1"}\n{"question": "q"}\n')
+    with pytest.raises(finetune.InputError, match=r"train\.jsonl:2: bad row"):
+        finetune.read_rows(f)
+    with pytest.raises(FileNotFoundError, match="dvc repro prepare"):
+        finetune.read_rows(tmp_path / "missing.jsonl")
