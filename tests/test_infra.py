@@ -117,9 +117,8 @@ def test_dockerfile_targets_user_entrypoint_and_install_order():
         assert any("core.no_scm true" in a for a in runs), f"{target}: DVC must run without .git"
     gpu_runs = " ".join(a for i, a in stage_chain(stages, "gpu") if i == "RUN")
     assert ".[vllm]" in gpu_runs and "VLLM_SPEC" in gpu_runs and "DEEPSPEED_SPEC" in gpu_runs
-    assert "whl/cpu" in dict(stage_chain(stages, "cpu-deps")).get("ARG", "") or any(
-        "whl/cpu" in a for i, a in stage_chain(stages, "cpu") if i == "ARG"
-    )
+    cpu_torch = [a for i, a in stage_chain(stages, "cpu") if i == "ARG" and a.startswith("TORCH_SPEC=")]
+    assert cpu_torch and "whl/cpu" in cpu_torch[0], "the cpu target must default to the CPU torch build"
     # Everything COPY'd from the context exists and survives .dockerignore.
     for target in stages:
         for instr, args in stages[target]:
@@ -318,9 +317,10 @@ def test_prefect_yaml_pools_images_and_gpu_requests_agree():
         gpu = is_gpu(d)
         assert jv["image"] == ("{{ gpu-image.stdout }}" if gpu else "{{ cpu-image.stdout }}"), d["name"]
         assert ("gpu" in d["tags"]) == gpu and ("cpu" in d["tags"]) == (not gpu), d["name"]
-        # The training flow runs every dvc.yaml stage, GPU stages among them: only a smoke run may be CPU.
-        if d["entrypoint"].endswith(":training_pipeline") and not gpu:
-            assert "smoke" in d["tags"], f"{d['name']}: the training pipeline runs GPU stages"
+        # The training flow runs every dvc.yaml stage and the evaluation flow the evaluate stage, GPU
+        # stages both: only a smoke run on the embedded CPU defaults may go without a GPU.
+        if d["entrypoint"].endswith((":training_pipeline", ":evaluation_pipeline")) and not gpu:
+            assert "smoke" in d["tags"], f"{d['name']}: its flow runs GPU stages"
         assert d["pull"] == [{"prefect.deployments.steps.set_working_directory": {"directory": "/app"}}]
         assert dict(stage_chain(dockerfile_stages(), "cpu"))["WORKDIR"] == "/app"
 

@@ -107,13 +107,15 @@ def test_deploy_then_worker_runs_it_and_serve_runs_its_own(server, tmp_path):
     params = {"repo": str(toy), "overrides": ["register.enabled=false"]}
 
     res = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "deploy", "--name", "training"],
+        [sys.executable, "-m", "pipelines.cli", "deploy", "--name", "training", "--name", "evaluation"],
         cwd=REPO, env=server, capture_output=True, text=True, timeout=300,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     deployment = read(server, lambda c: c.read_deployment_by_name("training-pipeline/training"))
     assert deployment.work_pool_name == "grpoflow-process"
     assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
+    evaluation = read(server, lambda c: c.read_deployment_by_name("evaluation/evaluation"))
+    assert evaluation.parameters["model"] == "models:/grpoflow-policy@champion"
 
     run_id = trigger(server, "training-pipeline/training", params)
     worker = subprocess.Popen(
