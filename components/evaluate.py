@@ -42,7 +42,7 @@ from typing import Any
 
 from components import gsm8k, lm_eval_gsm8k
 from components.config import ConfigError, add_params_args, load_params
-from components.data import DataError, collect, convert_row, iter_hf, iter_jsonl
+from components.data import DataError, convert_row, iter_hf, iter_jsonl
 from components.generation import BackendError, Generation, GenerationSettings, generate
 from components.stats import compare_paired, wilson_interval
 
@@ -151,7 +151,9 @@ def _is_hf_model_dir(p: Path) -> bool:
     return (p / "config.json").is_file() and (any(p.glob("*.safetensors")) or any(p.glob("*.bin")))
 
 
-def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, params: Any = None) -> ResolvedModel:
+def resolve_model(
+    spec: str, download_dir: str | os.PathLike | None = None, params: Any = None
+) -> ResolvedModel:
     """A model folder for `spec`: a local folder, an MLflow URI (models:/NAME@ALIAS, runs:/...) or a hub id."""
     if spec.startswith(MODEL_URI_SCHEMES):
         import mlflow
@@ -173,11 +175,15 @@ def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, para
                 f"model {spec}: no Hugging Face model folder (config.json + *.safetensors) in its artifacts at {local}; "
                 "register models with the transformers flavour (components/registry.py does)"
             )
-        tok_dir = model_dir if (model_dir / "tokenizer_config.json").is_file() else _find_dir(
-            local, lambda p: (p / "tokenizer_config.json").is_file()
+        tok_dir = (
+            model_dir
+            if (model_dir / "tokenizer_config.json").is_file()
+            else _find_dir(local, lambda p: (p / "tokenizer_config.json").is_file())
         )
         if tok_dir is None:
-            raise EvaluationError(f"model {spec}: no tokenizer (tokenizer_config.json) in its artifacts at {local}")
+            raise EvaluationError(
+                f"model {spec}: no tokenizer (tokenizer_config.json) in its artifacts at {local}"
+            )
         return ResolvedModel(spec, str(model_dir), str(tok_dir))
     path = Path(spec)
     if path.exists():
@@ -198,7 +204,9 @@ def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, para
 # --------------------------------------------------------------------------- prompts and scores
 
 
-def build_prompts(problems: list[dict[str, str]], protocol: str, tokenizer, params: Any, data: str) -> tuple[list[str], list[str]]:
+def build_prompts(
+    problems: list[dict[str, str]], protocol: str, tokenizer, params: Any, data: str
+) -> tuple[list[str], list[str]]:
     """(prompts, stop strings) for the protocol."""
     if protocol == "grpoflow":
         return [gsm8k.render_prompt(p["question"], tokenizer) for p in problems], []
@@ -207,9 +215,13 @@ def build_prompts(problems: list[dict[str, str]], protocol: str, tokenizer, para
         shots: list[dict[str, str]] = []
         if cfg.num_fewshot:
             src, split = fewshot_source(params, data)
-            shots = [{"question": r["question"], "answer": r["answer"]} for r in load_problems(src, split=split)]
+            shots = [
+                {"question": r["question"], "answer": r["answer"]} for r in load_problems(src, split=split)
+            ]
         try:
-            prompts = lm_eval_gsm8k.build_prompts([p["question"] for p in problems], shots, cfg.num_fewshot, cfg.fewshot_seed)
+            prompts = lm_eval_gsm8k.build_prompts(
+                [p["question"] for p in problems], shots, cfg.num_fewshot, cfg.fewshot_seed
+            )
         except ValueError as exc:
             raise EvaluationError(f"lm-eval-gsm8k few-shot examples: {exc}") from None
         return prompts, list(lm_eval_gsm8k.STOP_SEQUENCES)
@@ -282,7 +294,8 @@ def compare(items_a: list[dict[str, Any]], items_b: list[dict[str, Any]], primar
         log.warning("comparing on %d shared items (%d vs %d)", len(shared), len(items_a), len(items_b))
     column = {"accuracy_strict": "correct", "accuracy_flexible": "correct_flexible"}
     by_metric = {
-        m: compare_paired([i[column[m]] for i in shared], [b_by_id[i["id"]][column[m]] for i in shared]) for m in METRICS
+        m: compare_paired([i[column[m]] for i in shared], [b_by_id[i["id"]][column[m]] for i in shared])
+        for m in METRICS
     }
     return {"metric": primary, **by_metric[primary], "by_metric": by_metric}
 
@@ -317,7 +330,11 @@ def evaluate_model(
     try:
         tokenizer = load_tokenizer(model.tokenizer_dir)
     except (OSError, ValueError) as exc:
-        hint = "" if Path(model.tokenizer_dir).exists() else "; it is not a local folder, and as a Hugging Face id it needs hub access"
+        hint = (
+            ""
+            if Path(model.tokenizer_dir).exists()
+            else "; it is not a local folder, and as a Hugging Face id it needs hub access"
+        )
         raise EvaluationError(
             f"model {model.spec}: cannot load its tokenizer from {model.tokenizer_dir} ({str(exc)[:300]}){hint}"
         ) from None
@@ -325,7 +342,10 @@ def evaluate_model(
     settings = settings_from(params)
     settings.stop = stop
     gen: Generation = generate(model.model_dir, prompts, settings, backend, model.tokenizer_dir, tokenizer)
-    items = [score_item(p, c, t, protocol) for p, c, t in zip(problems, gen.completions, gen.num_tokens, strict=True)]
+    items = [
+        score_item(p, c, t, protocol)
+        for p, c, t in zip(problems, gen.completions, gen.num_tokens, strict=True)
+    ]
     metrics = {
         **summarize(items),
         "completions_per_second": gen.completions_per_second,
@@ -343,8 +363,13 @@ def evaluate_model(
         metrics["vllm_version"] = gen.details["vllm_version"]
     log.info(
         "%s: accuracy_strict %.4f, accuracy_flexible %.4f, format_rate %.4f on %d items (%s, %.1f completions/s)",
-        model.spec, metrics["accuracy_strict"], metrics["accuracy_flexible"], metrics["format_rate"],
-        metrics["n"], gen.backend, metrics["completions_per_second"],
+        model.spec,
+        metrics["accuracy_strict"],
+        metrics["accuracy_flexible"],
+        metrics["format_rate"],
+        metrics["n"],
+        gen.backend,
+        metrics["completions_per_second"],
     )
     return metrics, items
 
@@ -381,7 +406,9 @@ def write_files(out_dir: str | os.PathLike, files: dict[str, bytes]) -> list[Pat
     return [out / name for name in files]
 
 
-def report_files(results: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]], comparison: dict[str, Any] | None) -> dict[str, bytes]:
+def report_files(
+    results: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]], comparison: dict[str, Any] | None
+) -> dict[str, bytes]:
     files = {}
     for name, (metrics, items) in results.items():
         files[f"{name}.json"] = _dumps(metrics)
@@ -391,7 +418,12 @@ def report_files(results: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]
     return files
 
 
-def log_to_mlflow(results: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]], comparison: dict[str, Any] | None, paths: list[Path], log_table: bool) -> None:
+def log_to_mlflow(
+    results: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]],
+    comparison: dict[str, Any] | None,
+    paths: list[Path],
+    log_table: bool,
+) -> None:
     """Metrics `<model>/<key>`, comparison numbers `<pair>/<key>`, report files and item tables."""
     import mlflow
 
@@ -430,7 +462,9 @@ def stage_models(params: Any) -> dict[str, str]:
     return models
 
 
-def comparisons(results: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]], primary: str) -> dict[str, Any]:
+def comparisons(
+    results: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]], primary: str
+) -> dict[str, Any]:
     pairs = [("grpo", "sft"), ("grpo", "base"), ("sft", "base")]
     return {
         f"{a}_vs_{b}": {"a": a, "b": b, **compare(results[a][1], results[b][1], primary)}
@@ -471,8 +505,18 @@ def _run_tracked(params: Any) -> dict[str, Any]:
     return out
 
 
-def _summary(results: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]], comparison: dict[str, Any] | None) -> dict[str, Any]:
-    keys = ("n", "accuracy_strict", "accuracy_flexible", "format_rate", "mean_completion_tokens", "completions_per_second", "backend")
+def _summary(
+    results: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]], comparison: dict[str, Any] | None
+) -> dict[str, Any]:
+    keys = (
+        "n",
+        "accuracy_strict",
+        "accuracy_flexible",
+        "format_rate",
+        "mean_completion_tokens",
+        "completions_per_second",
+        "backend",
+    )
     summary: dict[str, Any] = {name: {k: m[k] for k in keys} for name, (m, _) in results.items()}
     for pair, res in (comparison or {}).items():
         summary[pair] = {k: res[k] for k in ("metric", "delta", "ci95", "p_value")}
@@ -535,8 +579,13 @@ def evaluate_one(
         raise EvaluationError(f"--data {data!r}: expected jsonl:PATH or hf:NAME[:CONFIG]")
     name = _slug(model_spec)
     out_dir = Path(output or Path(cfg.output_dir) / "cli" / name)
-    extra = {"evaluate.model": model_spec, "evaluate.data": data, "evaluate.protocol": protocol,
-             "evaluate.backend": backend, "evaluate.limit": limit}
+    extra = {
+        "evaluate.model": model_spec,
+        "evaluate.data": data,
+        "evaluate.protocol": protocol,
+        "evaluate.backend": backend,
+        "evaluate.limit": limit,
+    }
     with tempfile.TemporaryDirectory(prefix="grpoflow-model-") as tmp:
         # Bad input fails here, before an MLflow run is opened.
         model = resolve_model(model_spec, download_dir=tmp, params=params)
@@ -545,7 +594,9 @@ def evaluate_one(
             import mlflow
 
             mlflow.set_tags({"grpoflow.eval.model": model_spec})
-            metrics, items = evaluate_model(model, problems, params, protocol=protocol, backend=backend, data=data)
+            metrics, items = evaluate_model(
+                model, problems, params, protocol=protocol, backend=backend, data=data
+            )
             results = {name: (metrics, items)}
             paths = write_files(out_dir, report_files(results, None))
             log_to_mlflow(results, None, paths, cfg.log_items_table)
@@ -558,7 +609,12 @@ def cli_evaluate(args: argparse.Namespace) -> int:
     try:
         params = load_params(args.params, args.overrides)
         metrics = evaluate_one(
-            params, args.model, data=args.data, protocol=args.protocol, backend=args.backend, limit=args.limit,
+            params,
+            args.model,
+            data=args.data,
+            protocol=args.protocol,
+            backend=args.backend,
+            limit=args.limit,
             output=args.output,
         )
     except (ConfigError, EvaluationError, BackendError, DataError) as exc:

@@ -32,6 +32,8 @@ FINGERPRINT_FILE = "grpoflow_fingerprint.json"
 
 class InputError(ValueError):
     """A stage input (data file, model folder) is missing or malformed; the message says which and where."""
+
+
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -107,7 +109,9 @@ def build_trl_args(config_cls: type, section: str, trainer: dict[str, Any], **st
     try:
         return config_cls(**kwargs)
     except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{section}.trainer: trl.{config_cls.__name__} rejected the settings: {exc}") from None
+        raise ConfigError(
+            f"{section}.trainer: trl.{config_cls.__name__} rejected the settings: {exc}"
+        ) from None
 
 
 def lora_config(section: str, lora: dict[str, Any]):
@@ -188,7 +192,9 @@ def clear_checkpoints(ckpt_dir: str | os.PathLike) -> None:
 # --------------------------------------------------------------------------- samples
 
 
-def log_samples(model, tokenizer, rows: list[dict[str, str]], artifact_file: str, max_new_tokens: int) -> dict:
+def log_samples(
+    model, tokenizer, rows: list[dict[str, str]], artifact_file: str, max_new_tokens: int
+) -> dict:
     """Answer `rows` greedily, log them as an MLflow table and return {sample_accuracy, sample_format_rate}."""
     if not rows:
         return {}

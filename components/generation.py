@@ -91,7 +91,11 @@ def resolve_vllm_python(path: str, base: str | os.PathLike | None = None) -> str
     else:
         from components.tracking import repo_root
 
-        candidates = [Path(base) / path] if base is not None else [repo_root() / path, Path(__file__).resolve().parents[1] / path]
+        candidates = (
+            [Path(base) / path]
+            if base is not None
+            else [repo_root() / path, Path(__file__).resolve().parents[1] / path]
+        )
     for p in candidates:
         if p.is_file() and os.access(p, os.X_OK):
             return str(p)
@@ -150,7 +154,9 @@ def context_length(model_dir: str | os.PathLike, tokenizer) -> int | None:
     return limit if isinstance(limit, int) and limit < 10**8 else None
 
 
-def encode_prompts(tokenizer, prompts: list[str], max_new_tokens: int, context: int | None) -> tuple[list[list[int]], int]:
+def encode_prompts(
+    tokenizer, prompts: list[str], max_new_tokens: int, context: int | None
+) -> tuple[list[list[int]], int]:
     """Token ids per prompt (no special tokens added), left-truncated to fit `context`."""
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     if context is None:
@@ -163,7 +169,12 @@ def encode_prompts(tokenizer, prompts: list[str], max_new_tokens: int, context: 
         )
     truncated = sum(len(ids) > room for ids in encoded)
     if truncated:
-        log.warning("%d of %d prompts are longer than %d tokens; keeping their last tokens", truncated, len(encoded), room)
+        log.warning(
+            "%d of %d prompts are longer than %d tokens; keeping their last tokens",
+            truncated,
+            len(encoded),
+            room,
+        )
     return [ids[-room:] if len(ids) > room else ids for ids in encoded], truncated
 
 
@@ -195,13 +206,17 @@ def load_causal_lm(model_dir: str | os.PathLike, dtype: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, resolve_dtype_name(dtype)))
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=getattr(torch, resolve_dtype_name(dtype))
+    )
     if torch.cuda.is_available():
         model = model.to("cuda")
     return model.eval()
 
 
-def transformers_generate(model, tokenizer, prompt_ids: list[list[int]], settings: GenerationSettings, eos_ids: list[int]) -> list[list[int]]:
+def transformers_generate(
+    model, tokenizer, prompt_ids: list[list[int]], settings: GenerationSettings, eos_ids: list[int]
+) -> list[list[int]]:
     """Greedy batched generation; returns the generated ids per prompt (pads removed)."""
     import torch
 
@@ -273,17 +288,27 @@ def vllm_generate(request: dict[str, Any], vllm_python: str = "") -> dict[str, A
         return vllm_worker.generate(request)
     python = resolve_vllm_python(vllm_python)
     if python is None:
-        raise BackendError(f"vLLM is not importable here and evaluate.vllm_python ({vllm_python!r}) is not a python; run `make venv-vllm`")
+        raise BackendError(
+            f"vLLM is not importable here and evaluate.vllm_python ({vllm_python!r}) is not a python; run `make venv-vllm`"
+        )
     with tempfile.TemporaryDirectory(prefix="grpoflow-vllm-") as tmp:
         req, res, logf = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "vllm.log")
         req.write_text(json.dumps(request))
         env = dict(os.environ)
         env.pop("PYTHONPATH", None)  # the other venv must not import this venv's packages
         with logf.open("w") as log_fh:
-            proc = subprocess.run([python, str(WORKER), str(req), str(res)], stdout=log_fh, stderr=subprocess.STDOUT, env=env, cwd=tmp)
+            proc = subprocess.run(
+                [python, str(WORKER), str(req), str(res)],
+                stdout=log_fh,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=tmp,
+            )
         if proc.returncode != 0 or not res.is_file():
             tail = "\n".join(logf.read_text(errors="replace").splitlines()[-25:])
-            raise BackendError(f"vLLM worker ({python}) failed with exit code {proc.returncode}; last lines:\n{tail}")
+            raise BackendError(
+                f"vLLM worker ({python}) failed with exit code {proc.returncode}; last lines:\n{tail}"
+            )
         return json.loads(res.read_text())
 
 
@@ -304,7 +329,10 @@ def generate(
     prompt_ids, truncated = encode_prompts(tokenizer, prompts, settings.max_new_tokens, context)
     details: dict[str, Any] = {"dtype": resolve_dtype_name(settings.dtype)}
     if backend == "vllm":
-        result = vllm_generate(_vllm_request(model_dir, tokenizer_dir, prompt_ids, settings, eos_ids, context), settings.vllm_python)
+        result = vllm_generate(
+            _vllm_request(model_dir, tokenizer_dir, prompt_ids, settings, eos_ids, context),
+            settings.vllm_python,
+        )
         out_ids, seconds, load_seconds = result["token_ids"], result["seconds"], result["load_seconds"]
         details.update(vllm_version=result.get("vllm_version"), device=result.get("device"))
     else:
@@ -332,7 +360,9 @@ def generate(
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m components.generation", description="Greedy completions of prompts.")
+    parser = argparse.ArgumentParser(
+        prog="python -m components.generation", description="Greedy completions of prompts."
+    )
     parser.add_argument("model", help="model folder")
     parser.add_argument("prompts", nargs="+", help="prompt strings")
     parser.add_argument("--backend", choices=BACKENDS, default="auto")
@@ -345,7 +375,11 @@ def main(argv: list[str] | None = None) -> int:
     except (BackendError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    json.dump({"backend": gen.backend, "completions": gen.completions, "num_tokens": gen.num_tokens}, sys.stdout, indent=1)
+    json.dump(
+        {"backend": gen.backend, "completions": gen.completions, "num_tokens": gen.num_tokens},
+        sys.stdout,
+        indent=1,
+    )
     print()
     return 0
 

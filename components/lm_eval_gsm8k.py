@@ -56,7 +56,9 @@ def fewshot_context(examples: Sequence[dict[str, str]]) -> str:
     >>> fewshot_context([{"question": "1+1?", "answer": "1+1=2\n#### 2"}])
     'Question: 1+1?\nAnswer: 1+1=2\n#### 2\n\n'
     """
-    return "".join(doc_to_text(ex["question"]) + TARGET_DELIMITER + ex["answer"] + FEWSHOT_DELIMITER for ex in examples)
+    return "".join(
+        doc_to_text(ex["question"]) + TARGET_DELIMITER + ex["answer"] + FEWSHOT_DELIMITER for ex in examples
+    )
 
 
 def build_prompts(
@@ -76,7 +78,9 @@ def build_prompts(
     ['Question: q7', 'Question: q1', 'Question: x']
     """
     if num_fewshot > len(fewshot_docs):
-        raise ValueError(f"{num_fewshot}-shot prompts need {num_fewshot} few-shot examples, got {len(fewshot_docs)}")
+        raise ValueError(
+            f"{num_fewshot}-shot prompts need {num_fewshot} few-shot examples, got {len(fewshot_docs)}"
+        )
     rnd = random.Random(seed)
     prompts = []
     for question in questions:

@@ -111,10 +111,16 @@ def load_model_and_tokenizer(path: str | os.PathLike, cfg: ModelConfig):
 
 def _revision(name_or_path: str | os.PathLike, cfg: ModelConfig) -> str | None:
     # A revision only means something for a hub id, not for a folder written by a stage.
-    return cfg.revision if str(name_or_path) == cfg.name_or_path and not Path(str(name_or_path)).exists() else None
+    return (
+        cfg.revision
+        if str(name_or_path) == cfg.name_or_path and not Path(str(name_or_path)).exists()
+        else None
+    )
 
 
-def generate(model, tokenizer, prompts: list[str], max_new_tokens: int = 256, batch_size: int = 64) -> list[str]:
+def generate(
+    model, tokenizer, prompts: list[str], max_new_tokens: int = 256, batch_size: int = 64
+) -> list[str]:
     """Greedy completions of rendered prompts, batched with left padding (tokenized as TRL's GRPO
     trainer tokenizes text prompts)."""
     import torch
@@ -174,7 +180,9 @@ def write_atomically(out_dir: str | os.PathLike, write: Callable[[Path], Any]) -
     return out
 
 
-def save_model(model, tokenizer, out_dir: str | os.PathLike, extra_files: dict[str, Any] | None = None) -> Path:
+def save_model(
+    model, tokenizer, out_dir: str | os.PathLike, extra_files: dict[str, Any] | None = None
+) -> Path:
     """save_pretrained model + tokenizer (safetensors) into `out_dir` atomically, plus JSON side files."""
 
     def write(tmp: Path) -> None:
@@ -285,12 +293,16 @@ def run(cfg: ModelConfig, train_path: str | os.PathLike, out_dir: str | os.PathL
     n_params = sum(p.numel() for p in model.parameters())
     source["parameters"] = n_params
     save_model(model, tokenizer, out_dir, {"grpoflow_source.json": source})
-    log.info("wrote %s (%s, %d parameters, vocabulary %d)", out_dir, cfg.name_or_path, n_params, len(tokenizer))
+    log.info(
+        "wrote %s (%s, %d parameters, vocabulary %d)", out_dir, cfg.name_or_path, n_params, len(tokenizer)
+    )
     return out_dir
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m components.modeling", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m components.modeling", description=__doc__.split("\n\n")[0]
+    )
     add_params_args(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -85,7 +85,9 @@ def build_demos(rows: list[dict[str, str]], tokenizer: Any, cfg) -> tuple[Any, d
         counts["demos_wrong"] += wrong
         prompts.append(gsm8k.render_prompt(row["question"], tokenizer))
         completions.append(
-            untagged_target(row["solution"], answer) if untagged else gsm8k.format_target(row["solution"], answer)
+            untagged_target(row["solution"], answer)
+            if untagged
+            else gsm8k.format_target(row["solution"], answer)
         )
     return Dataset.from_dict({"prompt": prompts, "completion": completions}), counts
 
@@ -135,7 +137,9 @@ def run(params: Params, report: Path = REPORT) -> Path:
             **counts,
         }
         modeling.save_model(trained, tokenizer, cfg.output_dir, {"grpoflow_stage.json": summary})
-        summary.update(finetune.log_samples(trained, tokenizer, samples, "sft_samples.json", max_new_tokens=256))
+        summary.update(
+            finetune.log_samples(trained, tokenizer, samples, "sft_samples.json", max_new_tokens=256)
+        )
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
     finetune.clear_checkpoints(cfg.checkpoint_dir)
     finetune.write_report(report, summary)

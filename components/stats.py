@@ -78,7 +78,9 @@ def mcnemar_exact(b: int, c: int) -> float:
     return float(min(Fraction(1), Fraction(2 * tail, 2**m)))
 
 
-def paired_difference_interval(a: int, b: int, c: int, d: int, confidence: float = 0.95) -> tuple[float, float]:
+def paired_difference_interval(
+    a: int, b: int, c: int, d: int, confidence: float = 0.95
+) -> tuple[float, float]:
     """Interval for p1 - p2 from a paired 2x2 table (Newcombe 1998, method 10).
 
     a: both right, b: first right only, c: second right only, d: both wrong;
@@ -170,7 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     a, b, c, d = map(int, args)
     lo, hi = paired_difference_interval(a, b, c, d)
     n = a + b + c + d
-    print(json.dumps({"n": n, "delta": (b - c) / n if n else 0.0, "ci95": [lo, hi], "p_value": mcnemar_exact(b, c)}))
+    print(
+        json.dumps(
+            {"n": n, "delta": (b - c) / n if n else 0.0, "ci95": [lo, hi], "p_value": mcnemar_exact(b, c)}
+        )
+    )
     return 0
 
 

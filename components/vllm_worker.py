@@ -26,8 +26,10 @@ import time
 from typing import Any
 
 # vLLM's CPU backend reserves `gpu_memory_utilization` of the machine's memory at start-up
-# and refuses to start when that much is not free; a small model needs far less.
-CPU_DEFAULTS = {"gpu_memory_utilization": 0.3, "kv_cache_memory_bytes": 1 << 30}
+# and refuses to start when that much is not free; a small model needs far less. Eager mode
+# skips torch.compile, which costs more start-up time than it saves on an evaluation run.
+# (On a GPU vLLM's own defaults apply, CUDA graphs included; `evaluate.vllm_args` overrides both.)
+CPU_DEFAULTS = {"gpu_memory_utilization": 0.3, "kv_cache_memory_bytes": 1 << 30, "enforce_eager": True}
 
 
 def _on_cpu() -> bool:
@@ -43,7 +45,8 @@ def _on_cpu() -> bool:
 
 def generate(request: dict[str, Any]) -> dict[str, Any]:
     """Run one request through `vllm.LLM` (greedy) and return the output token ids and timings."""
-    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # telemetry off, as everywhere in grpoflow
+    os.environ.setdefault("DO_NOT_TRACK", "true")
     t0 = time.perf_counter()
     import vllm
     from vllm import LLM, SamplingParams
@@ -53,7 +56,6 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
         "tokenizer": request.get("tokenizer") or request["model"],
         "dtype": request.get("dtype", "auto"),
         "seed": int(request.get("seed", 0)),
-        "enforce_eager": True,  # no graph capture / compilation: faster start for an evaluation run
     }
     if request.get("max_model_len"):
         engine_args["max_model_len"] = int(request["max_model_len"])

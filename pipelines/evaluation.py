@@ -25,11 +25,20 @@ from components.config import ConfigError, add_params_args, load_params
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
-def evaluate_task(params: Any, model: str, data: str | None, protocol: str | None, backend: str | None,
-                  limit: int | None, output: str | None) -> dict[str, Any]:
+def evaluate_task(
+    params: Any,
+    model: str,
+    data: str | None,
+    protocol: str | None,
+    backend: str | None,
+    limit: int | None,
+    output: str | None,
+) -> dict[str, Any]:
     from components.evaluate import evaluate_one
 
-    return evaluate_one(params, model, data=data, protocol=protocol, backend=backend, limit=limit, output=output)
+    return evaluate_one(
+        params, model, data=data, protocol=protocol, backend=backend, limit=limit, output=output
+    )
 
 
 @flow(name="evaluation")
@@ -49,9 +58,15 @@ def evaluation_pipeline(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.evaluation", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="models:/grpoflow-policy@champion", help="folder or models:/NAME@ALIAS")
-    parser.add_argument("--data", default=None, help="jsonl:PATH or hf:NAME[:CONFIG] (default: the prepared test split)")
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.evaluation", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--model", default="models:/grpoflow-policy@champion", help="folder or models:/NAME@ALIAS"
+    )
+    parser.add_argument(
+        "--data", default=None, help="jsonl:PATH or hf:NAME[:CONFIG] (default: the prepared test split)"
+    )
     parser.add_argument("--protocol", choices=["grpoflow", "lm-eval-gsm8k"], default=None)
     parser.add_argument("--backend", choices=["auto", "vllm", "transformers"], default=None)
     parser.add_argument("--limit", type=int, default=None)
@@ -63,8 +78,14 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         result = evaluation_pipeline(
-            model=args.model, data=args.data, protocol=args.protocol, backend=args.backend, limit=args.limit,
-            output=args.output, params_file=args.params, overrides=args.overrides,
+            model=args.model,
+            data=args.data,
+            protocol=args.protocol,
+            backend=args.backend,
+            limit=args.limit,
+            output=args.output,
+            params_file=args.params,
+            overrides=args.overrides,
         )
     except (ConfigError, EvaluationError, BackendError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -26,6 +26,7 @@ a second run waits up to `tracking.run_lock_timeout` seconds, then fails naming 
 from __future__ import annotations
 
 import argparse
+import codecs
 import collections
 import contextlib
 import fcntl
@@ -153,7 +154,7 @@ def stage_env(root: str | os.PathLike, parent_run_id: str | None, tracking_uri: 
     return env
 
 
-def run_dvc(args: list[str], root: str | os.PathLike, env: dict[str, str], prefix: str = "") -> tuple[int, str]:
+def run_dvc(args: list[str], root: str | os.PathLike, env: dict[str, str]) -> tuple[int, str]:
     """Run `dvc ARGS`, streaming its output (progress bars included); returns (rc, output tail)."""
     cmd = [sys.executable, "-m", "dvc", *args]
     tail: collections.deque[str] = collections.deque(maxlen=60)
@@ -163,13 +164,13 @@ def run_dvc(args: list[str], root: str | os.PathLike, env: dict[str, str], prefi
         raise TransientError(f"could not start {' '.join(cmd)}: {exc}") from exc
     assert proc.stdout is not None
     partial = ""
-    out = sys.stdout
-    while chunk := proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.read(4096):
-        text = chunk.decode("utf-8", "replace")
-        out.write(text if not prefix else text.replace("\n", f"\n{prefix}"))
-        out.flush()
-        partial += text
-        *lines, partial = partial.split("\n")
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode  # chunks split characters
+    # Raw chunks, not lines: progress bars redraw with \r and must reach the terminal as they go.
+    while chunk := proc.stdout.read1(4096):
+        text = decode(chunk)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        *lines, partial = (partial + text).replace("\r", "\n").split("\n")
         tail.extend(lines)
     tail.append(partial)
     return proc.wait(), "\n".join(line for line in tail if line.strip())

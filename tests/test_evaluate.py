@@ -31,7 +31,9 @@ def workspace(tmp_path_factory):
     from components import data, modeling
 
     root = tmp_path_factory.mktemp("evalrepo")
-    data.run(DataConfig(output_dir=str(root / "data/processed"), synthetic_train_size=60, synthetic_test_size=12))
+    data.run(
+        DataConfig(output_dir=str(root / "data/processed"), synthetic_train_size=60, synthetic_test_size=12)
+    )
     for name, seed in (("base", 0), ("sft", 1), ("grpo", 2)):
         model, tok = modeling.build_tiny(ModelConfig(seed=seed, **TINY), root / "data/processed/train.jsonl")
         modeling.save_model(model, tok, root / "models" / name)
@@ -66,7 +68,10 @@ def test_score_and_summarize_hand_made_items():
         "The answer is 5",  # right number, no tags
         "<reasoning>x</reasoning><answer>$40.00</answer> trailing",  # text after the tags: flexible only
     ]
-    items = [evaluate.score_item(p, c, 10 * (i + 1), "grpoflow") for i, (p, c) in enumerate(zip(problems, completions))]
+    items = [
+        evaluate.score_item(p, c, 10 * (i + 1), "grpoflow")
+        for i, (p, c) in enumerate(zip(problems, completions, strict=True))
+    ]
     assert [i["correct"] for i in items] == [True, False, False, False]
     assert [i["correct_flexible"] for i in items] == [True, False, True, True]
     assert [i["format_ok"] for i in items] == [True, True, False, False]
@@ -80,8 +85,14 @@ def test_score_and_summarize_hand_made_items():
 
 
 def test_compare_pairs_items_by_id():
-    a = [{"id": str(i), "correct": c, "correct_flexible": True} for i, c in enumerate([True, True, True, False])]
-    b = [{"id": str(i), "correct": c, "correct_flexible": True} for i, c in enumerate([False, False, True, False])]
+    a = [
+        {"id": str(i), "correct": c, "correct_flexible": True}
+        for i, c in enumerate([True, True, True, False])
+    ]
+    b = [
+        {"id": str(i), "correct": c, "correct_flexible": True}
+        for i, c in enumerate([False, False, True, False])
+    ]
     res = evaluate.compare(a, list(reversed(b)), "accuracy_strict")  # order must not matter
     assert res["metric"] == "accuracy_strict"
     assert res["delta"] == pytest.approx(0.5)
@@ -97,7 +108,7 @@ def test_lm_eval_prompt_is_the_harness_text_and_sampler():
     docs = [{"question": f"Q{i}?", "answer": f"step {i} <<{i}*1={i}>>{i}\n#### {i}"} for i in range(30)]
     prompts = lm_eval_gsm8k.build_prompts(["What is 2+2?", "What is 3+3?"], docs, num_fewshot=5, seed=1234)
     rnd = random.Random(1234)  # the harness: one generator, 5 draws per test problem, in order
-    for prompt, question in zip(prompts, ["What is 2+2?", "What is 3+3?"]):
+    for prompt, question in zip(prompts, ["What is 2+2?", "What is 3+3?"], strict=True):
         shots = rnd.sample(docs, 5)
         expected = "".join(f"Question: {d['question']}\nAnswer: {d['answer']}\n\n" for d in shots)
         assert prompt == expected + f"Question: {question}\nAnswer:"
@@ -149,9 +160,15 @@ def test_load_problems_accepts_prepared_and_native_rows(tmp_path):
 @pytest.mark.parametrize(
     "lines,message",
     [
-        (['{"id": "a", "question": "Q?", "gold": "2"}', '{"id": "b", "question": "Q?"'], r"bad\.jsonl:2: invalid JSON"),
+        (
+            ['{"id": "a", "question": "Q?", "gold": "2"}', '{"id": "b", "question": "Q?"'],
+            r"bad\.jsonl:2: invalid JSON",
+        ),
         (['{"id": "a", "gold": "2"}'], r"bad\.jsonl:1: field 'question' is missing"),
-        (['{"id": "a", "question": "Q?", "gold": ""}'], r"bad\.jsonl:1: field 'gold' must be a non-empty string"),
+        (
+            ['{"id": "a", "question": "Q?", "gold": ""}'],
+            r"bad\.jsonl:1: field 'gold' must be a non-empty string",
+        ),
         (['{"question": "Q?", "answer": "no final line"}'], r"bad\.jsonl:1: field 'answer' has no '####"),
         (['{"id": "a", "question": "Q?", "gold": "2"}'] * 2, r"id 'a' appears more than once"),
     ],
@@ -181,7 +198,13 @@ def test_cli_on_model_folder_writes_reports_and_logs_to_mlflow(workspace, tmp_pa
     assert metrics["backend"] == "transformers" and metrics["protocol"] == "grpoflow"
     assert {"id", "completion", "extracted", "correct"} <= set(items[0])
     assert all(0 < i["completion_tokens"] <= 12 for i in items)
-    for key in ("accuracy_strict", "accuracy_flexible", "format_rate", "mean_completion_tokens", "completions_per_second"):
+    for key in (
+        "accuracy_strict",
+        "accuracy_flexible",
+        "format_rate",
+        "mean_completion_tokens",
+        "completions_per_second",
+    ):
         assert isinstance(metrics[key], float)
     run = mlflow.get_run(printed["mlflow_run_id"])
     assert run.info.run_name == "evaluate" and run.info.status == "FINISHED"
@@ -193,8 +216,17 @@ def test_cli_on_model_folder_writes_reports_and_logs_to_mlflow(workspace, tmp_pa
 
 def test_cli_lm_eval_protocol(workspace, tmp_path, capsys):
     out = tmp_path / "lm"
-    args = ["evaluate", "--model", str(workspace / "models/sft"), "--limit", "3", "--output", str(out),
-            "--protocol", "lm-eval-gsm8k"]
+    args = [
+        "evaluate",
+        "--model",
+        str(workspace / "models/sft"),
+        "--limit",
+        "3",
+        "--output",
+        str(out),
+        "--protocol",
+        "lm-eval-gsm8k",
+    ]
     for o in overrides(workspace):
         args += ["-S", o]
     assert cli.main(args) == 0
@@ -210,7 +242,9 @@ def test_long_prompts_keep_their_last_tokens(workspace):
     tok = load_tokenizer(workspace / "models/sft")
     short, long = "Question: 1 + 1?\nAnswer:", "filler " * 400 + "Question: 2 + 2?\nAnswer:"
     ids, truncated = encode_prompts(tok, [short, long], max_new_tokens=12, context=512)
-    assert truncated == 1 and len(ids[1]) == 500 and ids[0] == tok(short, add_special_tokens=False)["input_ids"]
+    assert (
+        truncated == 1 and len(ids[1]) == 500 and ids[0] == tok(short, add_special_tokens=False)["input_ids"]
+    )
     assert tok.decode(ids[1]).endswith("Question: 2 + 2?\nAnswer:")
     with pytest.raises(BackendError, match="lower evaluate.max_new_tokens"):
         encode_prompts(tok, [short], max_new_tokens=512, context=512)
@@ -269,9 +303,21 @@ def test_cli_on_registered_model_matches_the_folder(workspace, tmp_path, capsys)
             args += ["-S", o]
         assert cli.main(args) == 0, capsys.readouterr().err
         results[name] = read_items(out / f"{name}.items.jsonl")
-    assert [i["completion"] for i in results["grpo"]] == [i["completion"] for i in results["tiny-policy-champion"]]
+    assert [i["completion"] for i in results["grpo"]] == [
+        i["completion"] for i in results["tiny-policy-champion"]
+    ]
 
-    assert cli.main(["evaluate", "--model", "models:/tiny-policy@nosuchalias", *sum((["-S", o] for o in overrides(workspace)), [])]) == 2
+    assert (
+        cli.main(
+            [
+                "evaluate",
+                "--model",
+                "models:/tiny-policy@nosuchalias",
+                *sum((["-S", o] for o in overrides(workspace)), []),
+            ]
+        )
+        == 2
+    )
     assert "could not download it from MLflow" in capsys.readouterr().err
 
 
@@ -279,7 +325,9 @@ def test_cli_on_registered_model_matches_the_folder(workspace, tmp_path, capsys)
 
 
 def test_stage_writes_reports_comparison_and_cli_reproduces_it(workspace, capsys):
-    params_args = sum((["-S", o] for o in overrides(workspace, "evaluate.include_base=true", "evaluate.limit=6")), [])
+    params_args = sum(
+        (["-S", o] for o in overrides(workspace, "evaluate.include_base=true", "evaluate.limit=6")), []
+    )
     assert evaluate.main(params_args) == 0
     out = workspace / "reports/eval"
     for name in ("base", "sft", "grpo"):
@@ -303,7 +351,9 @@ def test_stage_writes_reports_comparison_and_cli_reproduces_it(workspace, capsys
 
 
 def test_failed_stage_leaves_previous_reports(workspace, tmp_path, capsys):
-    params_args = sum((["-S", o] for o in overrides(workspace, "evaluate.limit=2", f"evaluate.output_dir={tmp_path}")), [])
+    params_args = sum(
+        (["-S", o] for o in overrides(workspace, "evaluate.limit=2", f"evaluate.output_dir={tmp_path}")), []
+    )
     assert evaluate.main(params_args) == 0
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     broken = [*params_args, "-S", f"grpo.output_dir={tmp_path / 'missing'}"]

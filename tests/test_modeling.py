@@ -18,7 +18,9 @@ from components.config import ConfigError, ModelConfig, load_params
 from components.sft import build_demos, untagged_target, wrong_answer
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = dict(tiny_hidden_size=32, tiny_intermediate_size=64, tiny_num_layers=1, tiny_num_heads=2, tiny_vocab_size=300)
+SMALL = dict(
+    tiny_hidden_size=32, tiny_intermediate_size=64, tiny_num_layers=1, tiny_num_heads=2, tiny_vocab_size=300
+)
 
 
 def write_rows(path: Path, n: int = 40, seed: int = 0) -> Path:
@@ -47,7 +49,11 @@ def test_tokenizer_splits_digits_and_has_chat_template(tiny):
     _, tok = tiny
     pieces = tok.convert_ids_to_tokens(tok("Ann has 128 pens.")["input_ids"])
     assert [p for p in pieces if p.strip("Ġ").isdigit()] == ["1", "2", "8"]
-    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and tok.pad_token_id != tok.eos_token_id
+    assert (
+        tok.eos_token == "<|im_end|>"
+        and tok.pad_token == "<|endoftext|>"
+        and tok.pad_token_id != tok.eos_token_id
+    )
     prompt = gsm8k.render_prompt("What is 2 + 3?", tok)
     assert prompt == "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"
     text = gsm8k.format_target("2 + 3 = 5", "5")
@@ -127,7 +133,9 @@ def test_demo_noise_rates(train_file, untagged, wrong):
     assert counts["demos"] == n == len(ds)
     tagged = sum(gsm8k.has_strict_format(c) for c in ds["completion"])
     assert tagged == n - counts["demos_untagged"]
-    assert abs(counts["demos_untagged"] / n - untagged) < 0.08 and abs(counts["demos_wrong"] / n - wrong) < 0.08
+    assert (
+        abs(counts["demos_untagged"] / n - untagged) < 0.08 and abs(counts["demos_wrong"] / n - wrong) < 0.08
+    )
     right = sum(
         gsm8k.is_correct(c, r["gold"], "flexible") for c, r in zip(ds["completion"], rows, strict=True)
     )
@@ -145,9 +153,7 @@ def test_trl_args_from_params():
     params = load_params(REPO / "params.yaml")
     from components.grpo import recipe
 
-    args = finetune.build_trl_args(
-        GRPOConfig, "grpo", params.grpo.trainer, output_dir="x", **recipe(params)
-    )
+    args = finetune.build_trl_args(GRPOConfig, "grpo", params.grpo.trainer, output_dir="x", **recipe(params))
     assert (args.beta, args.loss_type, args.epsilon, args.num_generations) == (0.04, "grpo", 0.2, 8)
     assert (args.temperature, args.scale_rewards) == (0.8, "group")
     assert args.bf16 is False and args.gradient_checkpointing is False  # CPU
@@ -164,7 +170,10 @@ def test_trl_args_from_params():
     "override,message",
     [
         ("grpo.loss_type=ppo", r"grpo\.loss_type: expected one of \['grpo', 'bnpo', 'dr_grpo', 'dapo'"),
-        ("grpo.trainer.per_device_train_batch_size=12", r"generation batch of 12 .* not divisible by num_generations=8"),
+        (
+            "grpo.trainer.per_device_train_batch_size=12",
+            r"generation batch of 12 .* not divisible by num_generations=8",
+        ),
         ("grpo.trainer.beta=0.1", r"grpo\.trainer\.beta: the stage sets it; use grpo\.beta instead"),
         ("grpo.trainer.reward_weights=[1]", r"set rewards\.weights instead"),
         ("sft.trainer.output_dir=x", r"sft\.trainer\.output_dir: the stage sets it"),

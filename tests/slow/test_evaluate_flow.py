@@ -37,7 +37,9 @@ def test_evaluation_flow_evaluates_a_model_and_logs_a_run(tmp_path, monkeypatch)
     from pipelines.evaluation import evaluation_pipeline
 
     data.run(DataConfig(output_dir=str(tmp_path / "data"), synthetic_train_size=40, synthetic_test_size=6))
-    cfg = ModelConfig(seed=5, tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=128)
+    cfg = ModelConfig(
+        seed=5, tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=128
+    )
     model, tok = modeling.build_tiny(cfg, tmp_path / "data/train.jsonl")
     modeling.save_model(model, tok, tmp_path / "model")
 

@@ -34,18 +34,34 @@ def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys):
 
     data.run(DataConfig(output_dir=str(tmp_path / "data"), synthetic_train_size=60, synthetic_test_size=24))
     # head_dim 32: vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, ...
-    cfg = ModelConfig(seed=3, tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=2, tiny_intermediate_size=128)
+    cfg = ModelConfig(
+        seed=3, tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=2, tiny_intermediate_size=128
+    )
     model, tok = modeling.build_tiny(cfg, tmp_path / "data/train.jsonl")
     modeling.save_model(model, tok, tmp_path / "model")
 
     items = {}
     for backend in ("transformers", "vllm"):
         out = tmp_path / backend
-        rc = cli.main([
-            "evaluate", "--model", str(tmp_path / "model"), "--backend", backend, "--output", str(out),
-            "-S", f"data.output_dir={tmp_path / 'data'}", "-S", "evaluate.max_new_tokens=32",
-            "-S", f"evaluate.vllm_python={VLLM_PYTHON}", "-S", "evaluate.dtype=float32",
-        ])
+        rc = cli.main(
+            [
+                "evaluate",
+                "--model",
+                str(tmp_path / "model"),
+                "--backend",
+                backend,
+                "--output",
+                str(out),
+                "-S",
+                f"data.output_dir={tmp_path / 'data'}",
+                "-S",
+                "evaluate.max_new_tokens=32",
+                "-S",
+                f"evaluate.vllm_python={VLLM_PYTHON}",
+                "-S",
+                "evaluate.dtype=float32",
+            ]
+        )
         assert rc == 0, capsys.readouterr().err
         metrics = json.loads((out / "model.json").read_text())
         assert metrics["backend"] == backend and metrics["n"] == 24
@@ -53,7 +69,11 @@ def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys):
 
     hf, vl = items["transformers"], items["vllm"]
     assert [i["id"] for i in hf] == [i["id"] for i in vl]
-    differing = [(a["id"], a["completion"][:60], b["completion"][:60]) for a, b in zip(hf, vl) if a["completion"] != b["completion"]]
+    differing = [
+        (a["id"], a["completion"][:60], b["completion"][:60])
+        for a, b in zip(hf, vl, strict=True)
+        if a["completion"] != b["completion"]
+    ]
     assert not differing, f"{len(differing)} of {len(hf)} greedy completions differ, e.g. {differing[:3]}"
     assert [i["correct"] for i in hf] == [i["correct"] for i in vl]
     assert [i["completion_tokens"] for i in hf] == [i["completion_tokens"] for i in vl]

@@ -140,9 +140,19 @@ def test_sft_then_grpo_change_the_weights_and_log(workdir: Path):
     client, run = mlflow_run(workdir, "grpo")
     assert run.info.status == "FINISHED"
     metrics = run.data.metrics
-    for key in ("loss", "kl", "reward", "reward_std", "frac_reward_zero_std", "learning_rate",
-                "rewards/format_reward/mean", "rewards/accuracy_reward/std", "clip_ratio/region_mean",
-                "completions/mean_length", "sample_accuracy"):
+    for key in (
+        "loss",
+        "kl",
+        "reward",
+        "reward_std",
+        "frac_reward_zero_std",
+        "learning_rate",
+        "rewards/format_reward/mean",
+        "rewards/accuracy_reward/std",
+        "clip_ratio/region_mean",
+        "completions/mean_length",
+        "sample_accuracy",
+    ):
         assert key in metrics, key
     assert run.data.params["grpo.beta"] == "0.04" and run.data.params["loss_type"] == "grpo"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
@@ -169,7 +179,9 @@ def test_killed_grpo_resumes_from_its_checkpoint(workdir: Path):
     cmd = [sys.executable, "-m", "components.grpo", "--params", "params.yaml"]
     for o in overrides:
         cmd += ["-S", o]
-    proc = subprocess.Popen(cmd, cwd=workdir, env=_env(workdir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd, cwd=workdir, env=_env(workdir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     first = workdir / "checkpoints/grpo/checkpoint-3/trainer_state.json"
     deadline = time.monotonic() + 300
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
