@@ -61,13 +61,20 @@ TINY_PARAMS = {
             "seed": 0,
         },
     },
-    "rewards": {"funcs": ["format", "accuracy"], "weights": [0.5, 1.0]},
+    # A tiny model after 4 SFT steps earns no format or accuracy reward: with all rewards equal,
+    # advantages are zero and GRPO would not move. The length reward (a user reward loaded by
+    # its dotted path) varies within every group.
+    "rewards": {"funcs": ["format", "accuracy", "toyrewards:length"], "weights": [0.5, 1.0, 0.1]},
 }
+TOY_REWARDS = """
+def length(completions, **kwargs):
+    return [min(len(c), 100) / 100 for c in completions]
+"""
 
 
 def _env(workdir: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(workdir), env.get("PYTHONPATH", "")])
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{workdir / 'mlflow.db'}"
     return env
 
@@ -83,22 +90,33 @@ def stage(workdir: Path, module: str, *overrides: str, check: bool = True) -> su
     return proc
 
 
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
+def make_workdir(path: Path) -> Path:
     """A folder with params.yaml (tiny settings), data/processed and models/base."""
     from components.config import DataConfig
     from components.data import run as prepare
 
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
+    (path / "params.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
+    (path / "toyrewards.py").write_text(TOY_REWARDS)
     cwd = os.getcwd()
-    os.chdir(tmp_path)
+    os.chdir(path)
     try:
         prepare(DataConfig(synthetic_train_size=48, synthetic_test_size=8, seed=3))
         params = load_params("params.yaml")
         modeling.run(params.model, Path("data/processed/train.jsonl"))
     finally:
         os.chdir(cwd)
-    return tmp_path
+    return path
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return make_workdir(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared_workdir(tmp_path_factory) -> Path:
+    """One workdir for the tests that must not write anything into it."""
+    return make_workdir(tmp_path_factory.mktemp("bad-configs"))
 
 
 def weights(path: Path) -> dict:
@@ -149,6 +167,7 @@ def test_sft_then_grpo_change_the_weights_and_log(workdir: Path):
         "learning_rate",
         "rewards/format_reward/mean",
         "rewards/accuracy_reward/std",
+        "rewards/length/mean",
         "clip_ratio/region_mean",
         "completions/mean_length",
         "sample_accuracy",
@@ -214,7 +233,7 @@ def test_changed_params_do_not_resume_a_stale_checkpoint(workdir: Path):
     (ckpt / "checkpoint-2").mkdir()
     (ckpt / "checkpoint-2" / "trainer_state.json").write_text("{}")
     out = stage(workdir, "grpo", "grpo.trainer.max_steps=2")
-    assert "starting over" in out.stderr and "resuming" not in out.stderr
+    assert "starting over" in out.stderr and "resuming from checkpoint" not in out.stderr
 
 
 @pytest.mark.parametrize(
@@ -229,7 +248,8 @@ def test_changed_params_do_not_resume_a_stale_checkpoint(workdir: Path):
         ("sft", ["model.base_dir=models/nope"], "base model folder models/nope is missing"),
     ],
 )
-def test_bad_configs_fail_early_with_a_clear_message(workdir: Path, module, overrides, message):
+def test_bad_configs_fail_early_with_a_clear_message(shared_workdir: Path, module, overrides, message):
+    workdir = shared_workdir
     proc = stage(workdir, module, *overrides, check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
