@@ -381,19 +381,35 @@ def pipeline_lock(root: str | os.PathLike, timeout: float) -> Iterator[None]:
 
 
 def apply_overrides(root: str | os.PathLike, overrides: list[str]) -> None:
-    """Write `section.key=value` overrides into params.yaml, keeping its comments (as `dvc exp run -S`)."""
+    """Write `section.key=value` overrides into params.yaml, as `dvc exp run -S` does, so that DVC
+    sees them; comments, quoting and layout of the file are kept (ruamel round trip)."""
     if not overrides:
         return
-    from dvc.utils.serialize import modify_yaml
+    import io
+
+    from ruamel.yaml import YAML
 
     path = Path(root) / "params.yaml"
     load_params(path if path.exists() else None, overrides)  # validate all before writing any
-    with modify_yaml(str(path)) as data:
-        for text in overrides:
-            section, key, value = parse_override(text)
-            if data.get(section) is None:
-                data[section] = {}
-            data[section][key] = value
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    yaml.width = 4096
+    yaml.representer.add_representer(
+        type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null")
+    )
+    data = yaml.load(path.read_text()) if path.exists() else None
+    if data is None:
+        data = {}
+    for text in overrides:
+        section, key, value = parse_override(text)
+        if data.get(section) is None:
+            data[section] = {}
+        data[section][key] = value
+    buf = io.StringIO()
+    yaml.dump(data, buf)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(buf.getvalue())
+    os.replace(tmp, path)
     print(f"params.yaml updated: {', '.join(overrides)}", flush=True)
 
 

@@ -27,7 +27,7 @@ from pipelines.training import (
     stage_order,
     training_pipeline,
 )
-from tests.toy_repo import make_tiny_model, make_toy_repo, write_toy_params
+from tests.toy_repo import make_tiny_model, make_toy_repo, stop_prefect_temporary_server, write_toy_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,9 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 def prefect_server_stopped_after_module():
     """Stop Prefect's temporary server while pytest still captures its goodbye log line."""
     yield
-    from prefect.server.api.server import SubprocessASGIServer
-
-    SubprocessASGIServer().stop()
+    stop_prefect_temporary_server()
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +65,19 @@ def test_project_stage_order_matches_dvc_yaml():
 
 def test_apply_overrides_keeps_comments_and_validates(tmp_path):
     p = tmp_path / "params.yaml"
-    p.write_text("register:\n  alpha: 0.05   # gate level\n  min_delta: 0.0\n")
+    p.write_text('register:\n  alpha: 0.05   # gate level\n  min_delta: 0.0\nevaluate:\n  data: ""  # x\n')
     apply_overrides(tmp_path, ["register.alpha=0.01"])
-    assert p.read_text() == "register:\n  alpha: 0.01   # gate level\n  min_delta: 0.0\n"
+    assert p.read_text() == 'register:\n  alpha: 0.01   # gate level\n  min_delta: 0.0\nevaluate:\n  data: ""  # x\n'
     with pytest.raises(ConfigError, match="register.alpha"):
         apply_overrides(tmp_path, ["register.min_delta=0.1", "register.alpha=2"])
     assert "min_delta: 0.0" in p.read_text()  # nothing written when one override is bad
+
+
+def test_apply_overrides_round_trips_the_project_params_yaml(tmp_path):
+    text = (REPO / "params.yaml").read_text()
+    (tmp_path / "params.yaml").write_text(text)
+    apply_overrides(tmp_path, ["register.min_delta=0.0"])  # the default value: nothing may change
+    assert (tmp_path / "params.yaml").read_text() == text
 
 
 def test_pipeline_lock_waits_then_fails_naming_the_holder(tmp_path):
@@ -97,6 +102,14 @@ def test_pipeline_lock_waits_then_fails_naming_the_holder(tmp_path):
             assert holder.stdout.readline().strip() == "released"
     finally:
         holder.kill()
+
+
+def test_flow_fails_clearly_when_the_checkout_is_locked(toy):
+    (toy / "params.yaml").write_text("tracking:\n  run_lock_timeout: 0\n")
+    with pipeline_lock(toy, 0):  # another run holds the checkout
+        with pytest.raises(PipelineLocked, match="another pipeline run holds"):
+            training_pipeline(repo=str(toy))
+    assert not (toy / "dvc.lock").exists()
 
 
 def test_transient_dvc_lock_contention_is_retried(toy):

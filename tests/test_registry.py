@@ -142,6 +142,29 @@ def test_gate_rejects_no_better_challenger_and_promotes_a_better_one(repo):
         force_promote(params, "grpoflow-policy", "99", "x")
 
 
+def test_interrupted_gate_is_completed_by_the_next_run(repo):
+    """A crash after the alias moved but before the decision tag: the next gate finishes the job."""
+    import mlflow
+
+    params = load_params()
+    configure(params)
+    client = mlflow.MlflowClient()
+    write_eval(repo, [i < 40 for i in range(100)])
+    gate(params, register(params, lineage("5" * 32), new_run(params), repo), repo)
+    write_eval(repo, [i < 80 for i in range(100)])
+    reg = register(params, lineage("6" * 32), new_run(params), repo)
+    # What _write_decision leaves behind if the process dies just before its last write:
+    client.set_model_version_tag("grpoflow-policy", reg.version, "promotion.reason", "better: promoted")
+    client.set_registered_model_alias("grpoflow-policy", CHAMPION, reg.version)
+    assert DECISION_TAG not in client.get_model_version("grpoflow-policy", reg.version).tags
+
+    again = register(params, lineage("6" * 32), new_run(params), repo)  # the next run: same dvc.lock
+    assert not again.created
+    decision = gate(params, again, repo)
+    assert decision.decision == "promoted" and decision.reason == "better: promoted"
+    assert client.get_model_version("grpoflow-policy", reg.version).tags[DECISION_TAG] == "promoted"
+
+
 @pytest.mark.parametrize(
     "chal, champ, alpha, min_delta, expected",
     [

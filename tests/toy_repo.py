@@ -124,6 +124,18 @@ def make_tiny_model(out: Path) -> Path:
     return out
 
 
+def stop_prefect_temporary_server() -> None:
+    """Flush Prefect's log and event workers, then stop the temporary server this process started
+    (else, at exit, they retry a server that is gone and print tracebacks after the test report)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.server.api.server import SubprocessASGIServer
+
+    APILogWorker.drain_all()
+    EventsWorker.drain_all()
+    SubprocessASGIServer().stop()
+
+
 def git(root: Path, *args: str) -> None:
     subprocess.run(
         ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", *args],

@@ -1,9 +1,10 @@
-"""Tiny-model end-to-end training: the model stage, a few SFT and GRPO steps that change the
-weights and log to MLflow, a GRPO run killed after its first checkpoint that resumes, and
-stages that fail early on bad configs or a missing SFT model.
+"""Tiny-model end-to-end training: the model stage and a few SFT and GRPO steps that change
+the weights and log to MLflow, LoRA merged on save, a GRPO run killed after its first
+checkpoint that resumes, stale checkpoints not resumed, and stages that fail early on bad
+configs or a missing model.
 
-Each test works in its own folder with a tiny model (1 layer, 32 wide) and a few dozen
-synthetic problems; the whole file takes about a minute on two cores.
+SFT runs once (module fixture) on a tiny model (1 layer, 32 wide) and 48 synthetic
+problems; each GRPO test works on a copy of that folder. About two minutes on two cores.
 
     pytest -q tests/slow/test_training.py
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -108,14 +110,25 @@ def make_workdir(path: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def sft_workdir(tmp_path_factory) -> Path:
+    """A workdir where the SFT stage has run (4 steps); tests take copies of it."""
+    workdir = make_workdir(tmp_path_factory.mktemp("sft"))
+    stage(workdir, "sft")
+    return workdir
+
+
 @pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    return make_workdir(tmp_path)
+def workdir(sft_workdir: Path, tmp_path: Path) -> Path:
+    """A private copy of the SFT workdir."""
+    copy = tmp_path / "work"
+    shutil.copytree(sft_workdir, copy)
+    return copy
 
 
 @pytest.fixture(scope="module")
 def shared_workdir(tmp_path_factory) -> Path:
-    """One workdir for the tests that must not write anything into it."""
+    """A workdir without any trained model, for the tests that must not write anything."""
     return make_workdir(tmp_path_factory.mktemp("bad-configs"))
 
 
@@ -142,17 +155,23 @@ def mlflow_run(workdir: Path, name: str):
     return client, runs[0]
 
 
-def test_sft_then_grpo_change_the_weights_and_log(workdir: Path):
-    stage(workdir, "sft")
-    base, sft = weights(workdir / "models/base"), weights(workdir / "models/sft")
+def test_sft_changes_the_weights_and_logs(sft_workdir: Path):
+    base, sft = weights(sft_workdir / "models/base"), weights(sft_workdir / "models/sft")
     assert len(changed(base, sft)) == len(base)  # every tensor moved
-    report = json.loads((workdir / "reports/train/sft.json").read_text())
+    report = json.loads((sft_workdir / "reports/train/sft.json").read_text())
     assert report["global_step"] == 4 and report["demos"] == 48 and report["resumed_from"] is None
-    assert not (workdir / "checkpoints/sft").exists()  # deleted after the save
+    assert report["demos_untagged"] > 0 and report["demos_wrong"] > 0
+    assert not (sft_workdir / "checkpoints/sft").exists()  # deleted after the save
+    client, run = mlflow_run(sft_workdir, "sft")
+    assert run.info.status == "FINISHED"
+    assert {"loss", "learning_rate", "demos_wrong", "sample_accuracy"} <= set(run.data.metrics)
+    assert run.data.params["sft.demo_untagged_rate"] == "0.5"
+    assert "sft_samples.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
+
+def test_grpo_changes_the_weights_and_logs(workdir: Path):
     stage(workdir, "grpo")
-    grpo = weights(workdir / "models/grpo")
-    assert changed(sft, grpo)
+    assert changed(weights(workdir / "models/sft"), weights(workdir / "models/grpo"))
     assert json.loads((workdir / "reports/train/grpo.json").read_text())["global_step"] == 4
 
     client, run = mlflow_run(workdir, "grpo")
@@ -178,62 +197,53 @@ def test_sft_then_grpo_change_the_weights_and_log(workdir: Path):
     assert {"grpo_completions.json", "grpo_samples.json"} <= artifacts
     table = json.loads(Path(client.download_artifacts(run.info.run_id, "grpo_completions.json")).read_text())
     assert {"step", "prompt", "completion", "reward_format_reward", "advantage"} <= set(table["columns"])
-    _, sft_run = mlflow_run(workdir, "sft")
-    assert "loss" in sft_run.data.metrics and "demos_wrong" in sft_run.data.metrics
 
 
-def test_lora_grpo_merges_into_a_plain_model(workdir: Path):
-    stage(workdir, "sft", "sft.trainer.max_steps=2")
-    stage(workdir, "grpo", "grpo.use_lora=true", "grpo.lora.r=4", "grpo.trainer.max_steps=2")
-    out = workdir / "models/grpo"
-    assert modeling.is_model_dir(out) and not (out / "adapter_config.json").exists()
-    assert weights(out).keys() == weights(workdir / "models/sft").keys()
-    assert changed(weights(workdir / "models/sft"), weights(out))
+def test_lora_grpo_merges_into_a_plain_model_and_ignores_stale_checkpoints(workdir: Path):
+    from components import finetune
+
+    # A crash left a checkpoint made with other params: it must not be resumed.
+    ckpt = workdir / "checkpoints/grpo"
+    finetune.resume_point(ckpt, "made-with-other-params", True, "grpo")
+    (ckpt / "checkpoint-2").mkdir()
+    (ckpt / "checkpoint-2" / "trainer_state.json").write_text("{}")
+
+    out = stage(workdir, "grpo", "grpo.use_lora=true", "grpo.lora.r=4", "grpo.trainer.max_steps=2")
+    assert "starting over" in out.stderr and "resuming from checkpoint" not in out.stderr
+    grpo_dir = workdir / "models/grpo"
+    assert modeling.is_model_dir(grpo_dir) and not (grpo_dir / "adapter_config.json").exists()
+    assert weights(grpo_dir).keys() == weights(workdir / "models/sft").keys()
+    assert changed(weights(workdir / "models/sft"), weights(grpo_dir))
 
 
 def test_killed_grpo_resumes_from_its_checkpoint(workdir: Path):
-    stage(workdir, "sft", "sft.trainer.max_steps=2")
     before = (workdir / "models/sft/model.safetensors").read_bytes()
-    overrides = ["grpo.trainer.max_steps=30", "grpo.trainer.save_steps=3"]
+    overrides = ["grpo.trainer.max_steps=12", "grpo.trainer.save_steps=2"]
     cmd = [sys.executable, "-m", "components.grpo", "--params", "params.yaml"]
     for o in overrides:
         cmd += ["-S", o]
     proc = subprocess.Popen(
-        cmd, cwd=workdir, env=_env(workdir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        cmd, cwd=workdir, env=_env(workdir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    first = workdir / "checkpoints/grpo/checkpoint-3/trainer_state.json"
+    first = workdir / "checkpoints/grpo/checkpoint-2/trainer_state.json"
     deadline = time.monotonic() + 300
     while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    proc.stderr.close()
     assert first.exists(), "no checkpoint appeared before the run ended"
     assert not (workdir / "models/grpo").exists()  # nothing half-written
     done = sorted(int(p.name.split("-")[1]) for p in (workdir / "checkpoints/grpo").glob("checkpoint-*"))
-    assert done and max(done) < 30, "the run finished before it was killed; make it longer"
+    assert done and max(done) < 12, "the run finished before it was killed"
 
     again = stage(workdir, "grpo", *overrides)
     assert "grpo: resuming from checkpoint" in again.stderr
     report = json.loads((workdir / "reports/train/grpo.json").read_text())
-    assert report["global_step"] == 30
+    assert report["global_step"] == 12
     assert report["resumed_from"].endswith(tuple(f"checkpoint-{s}" for s in done))
     assert (workdir / "models/sft/model.safetensors").read_bytes() == before
     # A finished stage leaves no checkpoints behind: the next run starts from scratch.
     assert not (workdir / "checkpoints/grpo").exists()
-
-
-def test_changed_params_do_not_resume_a_stale_checkpoint(workdir: Path):
-    stage(workdir, "sft", "sft.trainer.max_steps=2")
-    ckpt = workdir / "checkpoints/grpo"
-    # A crash left a checkpoint made with other params.
-    from components import finetune
-
-    finetune.resume_point(ckpt, "made-with-other-params", True, "grpo")
-    (ckpt / "checkpoint-2").mkdir()
-    (ckpt / "checkpoint-2" / "trainer_state.json").write_text("{}")
-    out = stage(workdir, "grpo", "grpo.trainer.max_steps=2")
-    assert "starting over" in out.stderr and "resuming from checkpoint" not in out.stderr
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.toy_repo import make_tiny_model, make_toy_repo, write_toy_params
+from tests.toy_repo import make_tiny_model, make_toy_repo, stop_prefect_temporary_server, write_toy_params
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "ui"
@@ -80,6 +80,12 @@ def ui(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_server_stopped_after_module():
+    yield
+    stop_prefect_temporary_server()
 
 
 def test_compare_view_and_champion_alias_in_a_browser(tmp_path, ui):
