@@ -8,6 +8,7 @@ local server, once for this process), real MLflow on SQLite with the registry.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -112,15 +113,27 @@ def test_flow_fails_clearly_when_the_checkout_is_locked(toy):
     assert not (toy / "dvc.lock").exists()
 
 
-def test_transient_dvc_lock_contention_is_retried(toy):
-    """DVC's own lock held by another process: the stage task retries and then succeeds."""
+def test_transient_dvc_lock_contention_is_retried(toy, monkeypatch):
+    """DVC's own lock held by another process: the first attempt fails on it, the task retries
+    and succeeds once the lock is gone (released only after DVC reported the contention)."""
     import zc.lockfile
 
+    class Watch(io.StringIO):
+        contention = threading.Event()
+
+        def write(self, text):
+            if "Unable to acquire lock" in text:
+                self.contention.set()
+            return super().write(text)
+
+    out = Watch()
+    monkeypatch.setattr(sys, "stdout", out)  # run_dvc streams DVC's output to sys.stdout
     lock = zc.lockfile.LockFile(str(toy / ".dvc" / "tmp" / "lock"))
-    threading.Timer(4.0, lock.close).start()
-    task = run_stage.with_options(retries=5, retry_delay_seconds=2)
+    threading.Thread(target=lambda: (out.contention.wait(300), lock.close()), daemon=True).start()
+    task = run_stage.with_options(retries=3, retry_delay_seconds=1)
     result = task("prepare", str(toy), "", os.environ["MLFLOW_TRACKING_URI"])
-    assert result["status"] == "ran"
+    assert out.contention.is_set() and result["status"] == "ran"
+    assert out.getvalue().count("Running stage 'prepare'") == 1  # the command itself ran once
 
 
 def test_training_flow_end_to_end(toy):
