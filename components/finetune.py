@@ -1,7 +1,9 @@
-"""What the SFT and GRPO stages share: TRL arguments from params, resuming from checkpoints,
-LoRA, reading the data split, and the table of sample completions logged to MLflow.
+"""What the SFT and GRPO stages share: reading the data split, TRL arguments and LoRA from
+params, resuming from checkpoints, and the end of a run (train, save the model folder
+atomically, log sample completions and the summary to MLflow, write the report).
 
-Not a stage; `components/sft.py` and `components/grpo.py` use it.
+Not a stage; `components/sft.py` and `components/grpo.py` use it. Under `accelerate launch`
+every process runs the stage: the main process alone logs to MLflow and writes files.
 
 Resuming: a stage writes its Trainer checkpoints into `<section>.checkpoint_dir` (not a DVC
 output) next to a fingerprint of everything that shapes training (the stage's params, the
@@ -12,6 +14,7 @@ checkpoints are deleted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -19,7 +22,8 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +191,85 @@ def write_report(path: Path, summary: dict[str, Any]) -> None:
 
 def clear_checkpoints(ckpt_dir: str | os.PathLike) -> None:
     shutil.rmtree(ckpt_dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- train, save, report
+
+
+@contextlib.contextmanager
+def tracked(stage: str, params: Any, args: Any) -> Iterator[None]:
+    """The stage's MLflow run (tracking.stage_run) on the main process; nothing on the others
+    (under `accelerate launch` every process runs the stage, one of them logs)."""
+    if args.process_index == 0:
+        from components.tracking import stage_run
+
+        with stage_run(stage, params):
+            yield
+    else:
+        yield
+
+
+def prepare_checkpoints(
+    args: Any, ckpt_dir: str | os.PathLike, fp: str, resume: bool, stage: str
+) -> str | None:
+    """resume_point, run by the main process first so that every process resumes from the same one."""
+    with args.main_process_first(local=False, desc=f"{stage} checkpoints"):
+        if args.process_index == 0:
+            return resume_point(ckpt_dir, fp, resume, stage)
+        ckpts = complete_checkpoints(Path(ckpt_dir))
+        return str(ckpts[-1]) if resume and ckpts else None
+
+
+def train_and_save(
+    stage: str,
+    trainer: Any,
+    checkpoint: str | None,
+    output_dir: str | os.PathLike,
+    *,
+    ckpt_dir: str | os.PathLike,
+    lora: bool,
+    samples: list[dict[str, str]],
+    max_new_tokens: int,
+    report: Path,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Train (resuming from `checkpoint`), save the model folder atomically, answer the sample
+    problems, log the summary to MLflow and write the report; returns the summary."""
+    import mlflow
+
+    from components import modeling
+
+    start = time.monotonic()
+    result = trainer.train(resume_from_checkpoint=checkpoint)
+    seconds = time.monotonic() - start
+    accelerator = trainer.accelerator
+    # Collective: gathers sharded weights (DeepSpeed ZeRO-3) onto the main process.
+    state_dict = None if lora else accelerator.get_state_dict(trainer.model)
+    summary: dict[str, Any] = {
+        "stage": stage,
+        "global_step": trainer.state.global_step,
+        "train_loss": result.training_loss,
+        "train_seconds": round(seconds, 1),
+        "resumed_from": checkpoint,
+        **(extra or {}),
+    }
+    if accelerator.is_main_process:
+        model = accelerator.unwrap_model(trainer.model)
+        if lora:
+            model = model.merge_and_unload()
+        tokenizer = trainer.processing_class
+        modeling.save_model(
+            model, tokenizer, output_dir, {"grpoflow_stage.json": summary}, state_dict=state_dict
+        )
+        summary.update(log_samples(model, tokenizer, samples, f"{stage}_samples.json", max_new_tokens))
+        mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
+        write_report(report, summary)
+        clear_checkpoints(ckpt_dir)
+        log.info(
+            "%s: wrote %s after %d steps (%.0f s)", stage, output_dir, trainer.state.global_step, seconds
+        )
+    accelerator.wait_for_everyone()
+    return summary
 
 
 # --------------------------------------------------------------------------- samples

@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
 from components.config import ConfigError, Params, add_params_args, load_params
 from components.finetune import InputError
-
-log = logging.getLogger("grpoflow.grpo")
 
 STAGE = "grpo"
 REPORT = Path("reports/train/grpo.json")
@@ -94,16 +92,19 @@ def _trainer_class():
 
 def run(params: Params, report: Path = REPORT) -> Path:
     """Train and write the GRPO model folder; returns its path."""
-    import mlflow
     from datasets import Dataset
     from trl import GRPOConfig as TRLGRPOConfig
 
     from components import finetune, gsm8k, modeling
     from components.rewards import build_rewards
-    from components.tracking import stage_run
 
     cfg, data_dir = params.grpo, Path(params.data.output_dir)
     # Everything that can be wrong in the params fails here, before any data or model is loaded.
+    if cfg.use_vllm and cfg.vllm_mode == "colocate" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "grpo.use_vllm: vLLM is not installed here; on a GPU machine install the `vllm` extra "
+            "(pip install -e '.[vllm]'), or set grpo.use_vllm=false"
+        )
     args = finetune.build_trl_args(
         TRLGRPOConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir, **recipe(params)
     )
@@ -124,9 +125,9 @@ def run(params: Params, report: Path = REPORT) -> Path:
         }
     )
     fp = finetune.fingerprint(training_settings(params), [data_dir / "train.jsonl", cfg.init_dir])
-    checkpoint = finetune.resume_point(cfg.checkpoint_dir, fp, cfg.resume, STAGE)
+    checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, STAGE)
 
-    with stage_run(STAGE, params):
+    with finetune.tracked(STAGE, params, args):
         trainer = _trainer_class()(
             model=model,
             reward_funcs=reward_funcs,
@@ -135,24 +136,17 @@ def run(params: Params, report: Path = REPORT) -> Path:
             processing_class=tokenizer,
             peft_config=peft_config,
         )
-        start = time.monotonic()
-        result = trainer.train(resume_from_checkpoint=checkpoint)
-        seconds = time.monotonic() - start
-        trained = trainer.model.merge_and_unload() if peft_config is not None else trainer.model
-        summary = {
-            "stage": STAGE,
-            "global_step": trainer.state.global_step,
-            "train_loss": result.training_loss,
-            "train_seconds": round(seconds, 1),
-            "resumed_from": checkpoint,
-        }
-        modeling.save_model(trained, tokenizer, cfg.output_dir, {"grpoflow_stage.json": summary})
-        max_new = args.max_completion_length or 256
-        summary.update(finetune.log_samples(trained, tokenizer, samples, "grpo_samples.json", max_new))
-        mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
-    finetune.clear_checkpoints(cfg.checkpoint_dir)
-    finetune.write_report(report, summary)
-    log.info("grpo: wrote %s after %d steps (%.0f s)", cfg.output_dir, trainer.state.global_step, seconds)
+        finetune.train_and_save(
+            STAGE,
+            trainer,
+            checkpoint,
+            cfg.output_dir,
+            ckpt_dir=cfg.checkpoint_dir,
+            lora=peft_config is not None,
+            samples=samples,
+            max_new_tokens=args.max_completion_length or 256,
+            report=report,
+        )
     return Path(cfg.output_dir)
 
 

@@ -166,6 +166,7 @@ def write_atomically(out_dir: str | os.PathLike, write: Callable[[Path], Any]) -
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         write(tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is an ordinary folder
         old = None
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
@@ -181,12 +182,17 @@ def write_atomically(out_dir: str | os.PathLike, write: Callable[[Path], Any]) -
 
 
 def save_model(
-    model, tokenizer, out_dir: str | os.PathLike, extra_files: dict[str, Any] | None = None
+    model,
+    tokenizer,
+    out_dir: str | os.PathLike,
+    extra_files: dict[str, Any] | None = None,
+    state_dict: dict | None = None,
 ) -> Path:
-    """save_pretrained model + tokenizer (safetensors) into `out_dir` atomically, plus JSON side files."""
+    """save_pretrained model + tokenizer (safetensors) into `out_dir` atomically, plus JSON side
+    files; `state_dict` overrides the model's own weights (gathered ones, under ZeRO-3)."""
 
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
         for name, obj in (extra_files or {}).items():
             (tmp / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")

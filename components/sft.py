@@ -23,14 +23,11 @@ import dataclasses
 import logging
 import random
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 from components.config import ConfigError, Params, add_params_args, load_params
 from components.finetune import InputError
-
-log = logging.getLogger("grpoflow.sft")
 
 STAGE = "sft"
 REPORT = Path("reports/train/sft.json")
@@ -104,7 +101,6 @@ def run(params: Params, report: Path = REPORT) -> Path:
     from trl import SFTTrainer
 
     from components import finetune, modeling
-    from components.tracking import stage_run
 
     cfg, data_dir = params.sft, Path(params.data.output_dir)
     # Everything that can be wrong in the params fails here, before any data or model is loaded.
@@ -117,33 +113,26 @@ def run(params: Params, report: Path = REPORT) -> Path:
     model, tokenizer = modeling.load_model_and_tokenizer(params.model.base_dir, params.model)
     dataset, counts = build_demos(rows, tokenizer, cfg)
     fp = finetune.fingerprint(training_settings(params), [data_dir / "train.jsonl", params.model.base_dir])
-    checkpoint = finetune.resume_point(cfg.checkpoint_dir, fp, cfg.resume, STAGE)
+    checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, STAGE)
 
-    with stage_run(STAGE, params):
-        mlflow.log_metrics({k: float(v) for k, v in counts.items()})
+    with finetune.tracked(STAGE, params, args):
+        if args.process_index == 0:
+            mlflow.log_metrics({k: float(v) for k, v in counts.items()})
         trainer = SFTTrainer(
             model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config
         )
-        start = time.monotonic()
-        result = trainer.train(resume_from_checkpoint=checkpoint)
-        seconds = time.monotonic() - start
-        trained = trainer.model.merge_and_unload() if peft_config is not None else trainer.model
-        summary = {
-            "stage": STAGE,
-            "global_step": trainer.state.global_step,
-            "train_loss": result.training_loss,
-            "train_seconds": round(seconds, 1),
-            "resumed_from": checkpoint,
-            **counts,
-        }
-        modeling.save_model(trained, tokenizer, cfg.output_dir, {"grpoflow_stage.json": summary})
-        summary.update(
-            finetune.log_samples(trained, tokenizer, samples, "sft_samples.json", max_new_tokens=256)
+        finetune.train_and_save(
+            STAGE,
+            trainer,
+            checkpoint,
+            cfg.output_dir,
+            ckpt_dir=cfg.checkpoint_dir,
+            lora=peft_config is not None,
+            samples=samples,
+            max_new_tokens=256,
+            report=report,
+            extra=counts,
         )
-        mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
-    finetune.clear_checkpoints(cfg.checkpoint_dir)
-    finetune.write_report(report, summary)
-    log.info("sft: wrote %s after %d steps (%.0f s)", cfg.output_dir, trainer.state.global_step, seconds)
     return Path(cfg.output_dir)
 
 
