@@ -21,17 +21,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 import re
-import shutil
 import sys
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.atomic import replace_dir
 from components.config import ConfigError, DataConfig, add_params_args, load_params
 from components.gsm8k import normalize_number, split_gsm8k_answer
 
@@ -264,24 +262,12 @@ def write_dir_atomically(out_dir: Path, files: dict[str, bytes]) -> None:
 
     A crash before the swap leaves out_dir as it was; readers never see a half-written set.
     """
-    out_dir = out_dir.resolve()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         for name, data in files.items():
             (tmp / name).write_bytes(data)
-            with (tmp / name).open("rb") as fh:
-                os.fsync(fh.fileno())
-        old = None
-        if out_dir.exists():
-            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    replace_dir(out_dir, write)
 
 
 def _jsonl_bytes(rows: list[dict[str, str]]) -> bytes:

@@ -21,11 +21,11 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from components import gsm8k
+from components.atomic import write_bytes
 from components.rewards import completion_text
 from components.stats import wilson_interval
 
@@ -113,16 +113,7 @@ def read_rows(path: Path) -> list[tuple[dict[str, Any], str, str]]:
 
 def write_jsonl_atomically(path: Path, rows: list[dict[str, Any]]) -> None:
     """Write into a temporary sibling, then rename it over `path` (a failure leaves `path` as it was)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            for row in rows:
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8"))
 
 
 def run(

@@ -22,12 +22,11 @@ import argparse
 import json
 import logging
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from components.atomic import replace_dir
 from components.config import ConfigError, ModelConfig, add_params_args, load_params
 from components.finetune import InputError
 
@@ -155,32 +154,6 @@ def generate(
 # --------------------------------------------------------------------------- atomic outputs
 
 
-def write_atomically(out_dir: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
-    """Call `write(tmp)` on a temporary sibling folder, then move it to `out_dir`.
-
-    A failure inside `write` leaves an existing `out_dir` untouched; the swap itself is two
-    renames on the same file system.
-    """
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        write(tmp)
-        tmp.chmod(0o755)  # mkdtemp makes it private; a model folder is an ordinary folder
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            old.rmdir()
-            os.replace(out, old)
-        os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
 def save_model(
     model,
     tokenizer,
@@ -197,7 +170,7 @@ def save_model(
         for name, obj in (extra_files or {}).items():
             (tmp / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
-    return write_atomically(out_dir, write)
+    return replace_dir(out_dir, write)
 
 
 # --------------------------------------------------------------------------- the tiny model

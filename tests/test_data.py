@@ -218,10 +218,10 @@ def test_dvc_repro_skip_push_pull_round_trip(tmp_path):
     assert "Running stage 'prepare'" in out
     assert "didn't change, skipping" in sh("dvc", "repro", "prepare")
     train = (repo / "data/processed/train.jsonl").read_bytes()
-    sh("dvc", "push")
+    sh("dvc", "push", "prepare")
     shutil.rmtree(repo / "data/processed")
     shutil.rmtree(repo / ".dvc/cache")
-    sh("dvc", "pull")
+    sh("dvc", "pull", "prepare")
     assert (repo / "data/processed/train.jsonl").read_bytes() == train
     # A params change re-runs the stage.
     (repo / "params.yaml").write_text(params.replace("seed: 1234", "seed: 4321"))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from components import finetune, gsm8k, modeling
+from components.atomic import replace_dir
 from components.config import ConfigError, ModelConfig, load_params
 from components.sft import build_demos, untagged_target, wrong_answer
 
@@ -89,19 +90,19 @@ def test_save_load_round_trip(tiny, tmp_path):
     )
 
 
-def test_write_atomically_keeps_the_old_folder_on_failure(tmp_path):
+def test_replace_dir_keeps_the_old_folder_on_failure(tmp_path):
     out = tmp_path / "models" / "sft"
-    modeling.write_atomically(out, lambda d: (d / "a.txt").write_text("old"))
+    replace_dir(out, lambda d: (d / "a.txt").write_text("old"))
 
     def broken(d: Path) -> None:
         (d / "a.txt").write_text("half")
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError):
-        modeling.write_atomically(out, broken)
+        replace_dir(out, broken)
     assert (out / "a.txt").read_text() == "old"
     assert sorted(p.name for p in out.parent.iterdir()) == ["sft"]  # no temp folders left
-    modeling.write_atomically(out, lambda d: (d / "b.txt").write_text("new"))
+    replace_dir(out, lambda d: (d / "b.txt").write_text("new"))
     assert sorted(p.name for p in out.iterdir()) == ["b.txt"]
 
 
