@@ -39,4 +39,17 @@ def isolated_state(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(state / "hf"))
     monkeypatch.delenv("GRPOFLOW_PARENT_RUN_ID", raising=False)
     monkeypatch.delenv("GRPOFLOW_PARAMS", raising=False)
+    _reset_mlflow_globals()
     yield state
+    _reset_mlflow_globals()
+
+
+def _reset_mlflow_globals() -> None:
+    """mlflow.set_tracking_uri() sets a process-wide value that beats MLFLOW_TRACKING_URI; a test
+    that called it (directly or through components.tracking) must not leak it into the next test."""
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None:
+        return
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    mlflow.set_tracking_uri(None)
