@@ -17,16 +17,14 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+
+from tests.servers import free_port, served
 
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"
@@ -344,12 +342,6 @@ def test_kubernetes_template_renders_gpu_limits_only_for_gpu_deployments():
             assert "nvidia.com/gpu" not in limits and "tolerations" not in pod, d["name"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def prefect_server(tmp_path):
     """A real `prefect server start` on 127.0.0.1 with its own PREFECT_HOME (SQLite)."""
@@ -360,34 +352,10 @@ def prefect_server(tmp_path):
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     }
     env.pop("PREFECT_API_URL", None)
-    log = open(tmp_path / "prefect-server.log", "wb")
-    proc = subprocess.Popen(
-        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
+    cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     url = f"http://127.0.0.1:{port}/api"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=5):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError((tmp_path / "prefect-server.log").read_text()[-3000:]) from None
-                time.sleep(1)
+    with served(cmd, f"{url}/health", tmp_path / "prefect-server.log", env=env):
         yield {**env, "PREFECT_API_URL": url}
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 def test_work_pools_and_deployments_apply_to_a_real_prefect_server(prefect_server):

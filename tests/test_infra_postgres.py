@@ -23,7 +23,6 @@ import pwd
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import free_port
+
 pytestmark = pytest.mark.skipif(
     os.environ.get("GRPOFLOW_TEST_POSTGRES") != "1",
     reason="Postgres integration test: run `make test-postgres` (sets GRPOFLOW_TEST_POSTGRES=1)",
@@ -44,13 +45,6 @@ STARTUP_TIMEOUT_S = 180  # MLflow creates its schema (alembic migrations) on fir
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pg_bindir() -> Path:

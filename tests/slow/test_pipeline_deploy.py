@@ -9,16 +9,14 @@ itself. The flow runs on a toy DVC repo (tests/toy_repo.py) with registration of
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.servers import free_port, served, stop
 from tests.toy_repo import make_tiny_model, make_toy_repo
 
 pytestmark = pytest.mark.slow
@@ -26,46 +24,15 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @pytest.fixture
 def server(tmp_path):
     port = free_port()
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "2"}
     env.pop("PREFECT_API_URL", None)
-    log = tmp_path / "prefect-server.log"
-    proc = subprocess.Popen(
-        [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )
+    cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     url = f"http://127.0.0.1:{port}/api"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=5):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(log.read_text()[-3000:]) from None
-                time.sleep(1)
+    with served(cmd, f"{url}/health", tmp_path / "prefect-server.log", env=env, timeout=180):
         yield {**env, "PREFECT_API_URL": url}
-    finally:
-        stop(proc)
 
 
 def read(env, fn):

@@ -12,17 +12,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.servers import free_port, served
 from tests.toy_repo import make_tiny_model, make_toy_repo, stop_prefect_temporary_server, write_toy_params
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,12 +31,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("GRPOFLOW_UI_TEST") != "1", reason="browser test: run `make test-ui`"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def browser(url: str, *args: str) -> subprocess.CompletedProcess:
@@ -61,25 +53,10 @@ def render(url: str, png: Path) -> str:
 def ui(tmp_path):
     """`grpoflow ui` on a free port, serving this test's MLflow store."""
     port = free_port()
-    log = tmp_path / "ui.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "ui", "--port", str(port)],
-        cwd=REPO, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
-    )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=5):
-                    break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(1)
+    cmd = [sys.executable, "-m", "pipelines.cli", "ui", "--port", str(port)]
+    with served(cmd, f"{url}/health", tmp_path / "ui.log", cwd=REPO):
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module", autouse=True)
