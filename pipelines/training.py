@@ -179,6 +179,11 @@ def run_dvc(args: list[str], root: str | os.PathLike, env: dict[str, str]) -> tu
 # --------------------------------------------------------------------------- tasks
 
 
+def _last_line(tail: str, rc: int) -> str:
+    """The line of DVC's output worth showing in a one-line status (the exit code if it printed none)."""
+    return tail.splitlines()[-1] if tail else str(rc)
+
+
 def _retry_transient(task, task_run, state) -> bool:  # Prefect's retry_condition_fn signature
     return isinstance(state.data, TransientError)
 
@@ -198,9 +203,9 @@ def dvc_pull(root: str, run_id: str, tracking_uri: str) -> str:
     rc, tail = run_dvc(["pull", "--allow-missing"], root, env)
     if rc != 0:
         if any(m in tail for m in TRANSIENT_MARKERS):
-            raise TransientError(f"dvc pull: {tail.splitlines()[-1] if tail else rc}")
+            raise TransientError(f"dvc pull: {_last_line(tail, rc)}")
         # Not fatal: the stages regenerate what could not be fetched.
-        return f"failed (stages will rebuild what is missing): {tail.splitlines()[-1] if tail else rc}"
+        return f"failed (stages will rebuild what is missing): {_last_line(tail, rc)}"
     return f"pulled from '{name}'"
 
 
@@ -215,7 +220,7 @@ def run_stage(stage: str, root: str, run_id: str, tracking_uri: str) -> dict[str
     seconds = round(time.time() - start, 2)
     if rc != 0:
         if any(m in tail for m in TRANSIENT_MARKERS) and "failed to run" not in tail:
-            raise TransientError(f"stage '{stage}': {tail.splitlines()[-1] if tail else rc}")
+            raise TransientError(f"stage '{stage}': {_last_line(tail, rc)}")
         raise StageFailed(f"stage '{stage}' failed (dvc exit {rc}):\n{tail}")
     after = lock_entry(root, stage)
     if after == before:
@@ -236,8 +241,8 @@ def dvc_push(root: str, run_id: str, tracking_uri: str) -> str:
     rc, tail = run_dvc(["push"], root, env)
     if rc != 0:
         if any(m in tail for m in TRANSIENT_MARKERS):
-            raise TransientError(f"dvc push: {tail.splitlines()[-1] if tail else rc}")
-        return f"failed: {tail.splitlines()[-1] if tail else rc}"
+            raise TransientError(f"dvc push: {_last_line(tail, rc)}")
+        return f"failed: {_last_line(tail, rc)}"
     return f"pushed to '{name}'"
 
 
