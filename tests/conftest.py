@@ -24,6 +24,10 @@ for key, value in {
     "TOKENIZERS_PARALLELISM": "false",
 }.items():
     os.environ[key] = value
+# Prefect reads its settings when it is first imported, so a later monkeypatch.setenv does not
+# reach them: the temporary API server's start-up timeout (20 s by default, too short for a cold
+# first start on 2 busy cores) must be raised here, before any test module imports prefect.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))

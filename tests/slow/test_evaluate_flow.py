@@ -30,8 +30,6 @@ def test_evaluation_flow_evaluates_a_model_and_logs_a_run(tmp_path, monkeypatch)
 
     # No log shipping to the temporary server: it is gone by interpreter exit, and retries stall it.
     monkeypatch.setenv("PREFECT_LOGGING_TO_API_ENABLED", "false")
-    # The temporary server can take longer than Prefect's 20 s default to start on a busy 2-core machine.
-    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
     from components import data, modeling
     from pipelines.evaluation import evaluation_pipeline
