@@ -30,7 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components import data, gsm8k, modeling  # noqa: E402
+from components import data, gsm8k  # noqa: E402
+from components import model as model_stage  # noqa: E402
 from components.config import DataConfig, ModelConfig  # noqa: E402
 from components.generation import (  # noqa: E402
     GenerationSettings,
@@ -41,6 +42,7 @@ from components.generation import (  # noqa: E402
     load_tokenizer,
     transformers_generate,
 )
+from components.modelio import save_model  # noqa: E402
 
 
 def build_model(root: Path, n: int) -> tuple[Path, list[str], int]:
@@ -55,9 +57,9 @@ def build_model(root: Path, n: int) -> tuple[Path, list[str], int]:
         tiny_intermediate_size=1536,
         tiny_max_positions=1024,
     )
-    model, tok = modeling.build_tiny(cfg, root / "data/train.jsonl")
+    model, tok = model_stage.build_tiny(cfg, root / "data/train.jsonl")
     n_params = sum(p.numel() for p in model.parameters())
-    modeling.save_model(model, tok, root / "model")
+    save_model(model, tok, root / "model")
     rows = [json.loads(line) for line in (root / "data/test.jsonl").read_text().splitlines()][:n]
     prompts = [gsm8k.render_prompt(r["question"], tok) for r in rows]
     return root / "model", prompts, n_params

@@ -1,7 +1,7 @@
 """Does GRPO beat its SFT warm start on the embedded defaults? Measured side by side in one run.
 
 Runs, in a fresh temporary folder and with the default params.yaml (plus any `-S`
-overrides), the stages prepare -> model -> sft -> grpo as `python -m components.<stage>`
+overrides), the stages data -> model -> sft -> grpo as `python -m components.<stage>`
 (what `dvc repro` runs), timing SFT and GRPO; then evaluates both models greedily on the
 whole test split with the evaluate stage's own code (transformers backend, the training
 prompt) and compares them on the same items (exact McNemar test). Prints one JSON object:
@@ -69,19 +69,21 @@ def run_stage(workdir: Path, module: str, overrides: list[str], env: dict[str, s
 
 def evaluate(workdir: Path, overrides: list[str]) -> dict:
     """Greedy evaluation of models/sft and models/grpo on the test split, paired."""
-    from components import evaluate as ev
+    from components import scoring
     from components.config import load_params
+    from components.modelio import resolve_model
+    from components.sources import load_problems
 
     cwd = os.getcwd()
     os.chdir(workdir)
     try:
         params = load_params("params.yaml", overrides)
         data = f"jsonl:{Path(params.data.output_dir) / 'test.jsonl'}"
-        problems = ev.load_problems(data)
+        problems = load_problems(data)
         results = {}
         for name, folder in (("sft", params.sft.output_dir), ("grpo", params.grpo.output_dir)):
-            metrics, items = ev.evaluate_model(
-                ev.resolve_model(folder),
+            metrics, items = scoring.evaluate_model(
+                resolve_model(folder),
                 problems,
                 params,
                 protocol="grpoflow",
@@ -89,7 +91,7 @@ def evaluate(workdir: Path, overrides: list[str]) -> dict:
                 data=data,
             )
             results[name] = (metrics, items)
-        paired = ev.compare(results["grpo"][1], results["sft"][1], "accuracy_strict")
+        paired = scoring.compare(results["grpo"][1], results["sft"][1], "accuracy_strict")
     finally:
         os.chdir(cwd)
 
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update({k: env[k] for k in (*OFFLINE_ENV, "MLFLOW_TRACKING_URI")})
     try:
         run_stage(workdir, "data", args.overrides, env)
-        run_stage(workdir, "modeling", args.overrides, env)
+        run_stage(workdir, "model", args.overrides, env)
         sft_s, sft_cpu = run_stage(workdir, "sft", args.overrides, env)
         grpo_s, grpo_cpu = run_stage(workdir, "grpo", args.overrides, env)
         result = evaluate(workdir, args.overrides)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -27,12 +28,12 @@ from typing import Any
 
 import yaml
 
+from components.errors import ConfigError, GrpoflowError
+
+__all__ = ["ConfigError", "Params", "load_params", "add_params_args", "stage_main"]
+
 DEFAULT_PARAMS = "params.yaml"
 PARAMS_ENV = "GRPOFLOW_PARAMS"  # lets the flow and tests point stages at another file
-
-
-class ConfigError(ValueError):
-    """A params.yaml key or override is unknown, mistyped or out of range."""
 
 
 def _f(default: Any, help: str, **checks: Any) -> Any:
@@ -168,6 +169,9 @@ def _check_trainer_keys(section: str, trainer: dict[str, Any], owned: tuple[str,
 @dataclass
 class SFTConfig:
     output_dir: str = _f("models/sft", "Where the SFT model is written (a standard model folder).")
+    metrics_file: str = _f(
+        "reports/train/sft.json", "The stage's summary metrics (a DVC metrics file): steps, loss, seconds, samples."
+    )
     checkpoint_dir: str = _f(
         "checkpoints/sft",
         "Trainer checkpoints (not a DVC output). A re-run resumes from the newest one made with the same "
@@ -214,6 +218,9 @@ class SFTConfig:
 class GRPOConfig:
     init_dir: str = _f("models/sft", "The model GRPO starts from (and, with beta > 0, the frozen reference).")
     output_dir: str = _f("models/grpo", "Where the GRPO model is written (a standard model folder).")
+    metrics_file: str = _f(
+        "reports/train/grpo.json", "The stage's summary metrics (a DVC metrics file): steps, loss, seconds, samples."
+    )
     checkpoint_dir: str = _f(
         "checkpoints/grpo",
         "Trainer checkpoints (not a DVC output). A re-run resumes from the newest one made with the same "
@@ -555,6 +562,12 @@ def params_path(path: str | os.PathLike | None = None) -> Path:
     return Path(path or os.environ.get(PARAMS_ENV) or DEFAULT_PARAMS)
 
 
+def params_in(root: str | os.PathLike) -> Path | None:
+    """The checkout's params.yaml, or None when it has none (the defaults then apply)."""
+    path = Path(root) / DEFAULT_PARAMS
+    return path if path.is_file() else None
+
+
 def load_raw(path: str | os.PathLike | None = None, overrides: typing.Iterable[str] = ()) -> dict[str, Any]:
     """params.yaml as a dict with overrides applied (not yet validated)."""
     p = params_path(path)
@@ -600,6 +613,41 @@ def load_params(path: str | os.PathLike | None = None, overrides: typing.Iterabl
     return Params(**sections)
 
 
+def write_overrides(path: str | os.PathLike, overrides: typing.Iterable[str]) -> None:
+    """Write `section.key=value` overrides into the params file, as `dvc exp run -S` does, so that
+    DVC sees them; comments, quoting and layout of the file are kept (ruamel round trip). All
+    overrides are validated first: a rejected one leaves the file as it was."""
+    overrides = list(overrides)
+    if not overrides:
+        return
+    import io
+
+    from ruamel.yaml import YAML
+
+    from components.files import write_text
+
+    path = Path(path)
+    load_params(path if path.exists() else None, overrides)  # validate all before writing any
+    yaml_rt = YAML()
+    yaml_rt.preserve_quotes = True
+    yaml_rt.width = 4096
+    yaml_rt.representer.add_representer(
+        type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null")
+    )
+    data = yaml_rt.load(path.read_text()) if path.exists() else None
+    if data is None:
+        data = {}
+    for text in overrides:
+        section, key, value = parse_override(text)
+        if data.get(section) is None:
+            data[section] = {}
+        data[section][key] = value
+    buf = io.StringIO()
+    yaml_rt.dump(data, buf)
+    write_text(path, buf.getvalue())
+    print(f"{path.name} updated: {', '.join(overrides)}", flush=True)
+
+
 def add_params_args(parser: argparse.ArgumentParser) -> None:
     """The `--params FILE -S section.key=value` options shared by every entry point."""
     parser.add_argument(
@@ -617,6 +665,23 @@ def add_params_args(parser: argparse.ArgumentParser) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override one param, as in `dvc exp run -S`; repeatable",
     )
+
+
+def stage_main(stage: str, doc: str | None, run: typing.Callable[[Params], Any], argv: list[str] | None = None) -> int:
+    """The entry point of every stage module (`python -m components.<stage> [--params F] [-S k=v]`):
+    load the params, run the stage; an actionable error is one line on stderr and exit code 2."""
+    import logging
+
+    parser = argparse.ArgumentParser(prog=f"python -m components.{stage}", description=(doc or "").split("\n\n")[0])
+    add_params_args(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        run(load_params(args.params, args.overrides))
+    except GrpoflowError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def describe(section: str | None = None) -> str:

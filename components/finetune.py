@@ -1,4 +1,4 @@
-"""What the SFT and GRPO stages share: reading the data split, TRL arguments and LoRA from
+"""What the SFT and GRPO stages share: TRL arguments and LoRA from
 params, resuming from checkpoints, and the end of a run (train, save the model folder
 atomically, log sample completions and the summary to MLflow, write the report).
 
@@ -27,43 +27,15 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from components.config import ConfigError
+from components.errors import ConfigError
+from components.files import tree_digest, write_json
 
 log = logging.getLogger("grpoflow.finetune")
 
 FINGERPRINT_FILE = "grpoflow_fingerprint.json"
 
 
-class InputError(ValueError):
-    """A stage input (data file, model folder) is missing or malformed; the message says which and where."""
-
-
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-
-
-# --------------------------------------------------------------------------- data
-
-
-def read_rows(path: str | os.PathLike, limit: int | None = None) -> list[dict[str, str]]:
-    """Rows {id, question, solution, gold} of a prepared split; a bad line names FILE:LINE."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{p}: data split not found; run `dvc repro prepare` first")
-    rows = []
-    with p.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if limit is not None and len(rows) >= limit:
-                break
-            try:
-                row = json.loads(line)
-                if not all(isinstance(row.get(k), str) for k in ("question", "solution", "gold")):
-                    raise ValueError("needs string fields question, solution, gold")
-            except (json.JSONDecodeError, ValueError, AttributeError) as exc:
-                raise InputError(f"{p}:{lineno}: bad row ({exc})") from None
-            rows.append(row)
-    if not rows:
-        raise InputError(f"{p}: no rows")
-    return rows
 
 
 # --------------------------------------------------------------------------- TRL arguments
@@ -131,23 +103,9 @@ def lora_config(section: str, lora: dict[str, Any]):
 # --------------------------------------------------------------------------- checkpoints
 
 
-def file_digest(paths: Iterable[str | os.PathLike]) -> str:
-    """sha256 over the contents of files (a folder: all its files, sorted by relative path)."""
-    h = hashlib.sha256()
-    for path in paths:
-        p = Path(path)
-        files = sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]
-        for f in files:
-            h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
-            with f.open("rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(chunk)
-    return h.hexdigest()
-
-
 def fingerprint(settings: dict[str, Any], inputs: Iterable[str | os.PathLike]) -> str:
     blob = json.dumps(settings, sort_keys=True, default=str)
-    return hashlib.sha256((blob + file_digest(inputs)).encode()).hexdigest()
+    return hashlib.sha256((blob + tree_digest(inputs)).encode()).hexdigest()
 
 
 def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
@@ -178,15 +136,6 @@ def resume_point(ckpt_dir: str | os.PathLike, fp: str, resume: bool, stage: str)
     d.mkdir(parents=True)
     marker.write_text(json.dumps({"stage": stage, "fingerprint": fp}) + "\n")
     return None
-
-
-def write_report(path: Path, summary: dict[str, Any]) -> None:
-    """The stage's metrics JSON (a DVC metrics file), replaced atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(summary, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
 
 
 def clear_checkpoints(ckpt_dir: str | os.PathLike) -> None:
@@ -237,7 +186,7 @@ def train_and_save(
     problems, log the summary to MLflow and write the report; returns the summary."""
     import mlflow
 
-    from components import modeling
+    from components.modelio import save_model
 
     start = time.monotonic()
     result = trainer.train(resume_from_checkpoint=checkpoint)
@@ -258,12 +207,12 @@ def train_and_save(
         if lora:
             model = model.merge_and_unload()
         tokenizer = trainer.processing_class
-        modeling.save_model(
+        save_model(
             model, tokenizer, output_dir, {"grpoflow_stage.json": summary}, state_dict=state_dict
         )
         summary.update(log_samples(model, tokenizer, samples, f"{stage}_samples.json", max_new_tokens))
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
-        write_report(report, summary)
+        write_json(report, summary)
         clear_checkpoints(ckpt_dir)
         log.info(
             "%s: wrote %s after %d steps (%.0f s)", stage, output_dir, trainer.state.global_step, seconds
@@ -284,10 +233,10 @@ def log_samples(
     import mlflow
 
     from components import gsm8k
-    from components.modeling import generate
+    from components.generation import greedy
 
     prompts = [gsm8k.render_prompt(r["question"], tokenizer) for r in rows]
-    completions = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
+    completions = greedy(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
     correct = [gsm8k.is_correct(c, r["gold"], "strict") for c, r in zip(completions, rows, strict=True)]
     formatted = [gsm8k.has_strict_format(c) for c in completions]
     mlflow.log_table(

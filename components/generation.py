@@ -17,7 +17,8 @@ ids are decoded here with the same tokenizer, so they differ only in the numeric
 forward pass. A prompt longer than the model's context minus `max_new_tokens` keeps its
 last tokens (what lm-evaluation-harness does) and is counted in `truncated_prompts`.
 
-    python -m components.generation MODEL_DIR "Question: 2 + 3?\\nAnswer:" --backend transformers
+`greedy(model, tokenizer, prompts)` runs the transformers path on a model already in memory
+(the training stages' sample completions), so greedy decoding exists once.
 """
 
 from __future__ import annotations
@@ -27,21 +28,19 @@ import json
 import logging
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.errors import BackendError
+from components.modelio import dtype_name, load_model, load_tokenizer
+
 log = logging.getLogger("grpoflow.generation")
 
 BACKENDS = ("auto", "vllm", "transformers")
 WORKER = Path(__file__).with_name("vllm_worker.py")
-
-
-class BackendError(RuntimeError):
-    """A backend was asked for but cannot run here; the message says how to make it available."""
 
 
 @dataclass
@@ -121,15 +120,6 @@ def choose_backend(requested: str, vllm_python: str = "") -> str:
 # --------------------------------------------------------------------------- tokens
 
 
-def resolve_dtype_name(name: str) -> str:
-    """'auto' -> 'bfloat16' on a GPU that supports it, else 'float32'; other names unchanged."""
-    if name != "auto":
-        return name
-    import torch
-
-    return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
-
-
 def eos_token_ids(model_dir: str | os.PathLike, tokenizer) -> list[int]:
     """EOS ids from generation_config.json, config.json and the tokenizer (all of them stop generation)."""
     ids: list[int] = []
@@ -192,28 +182,6 @@ def decode(tokenizer, ids: list[int], eos_ids: list[int], stop: list[str]) -> tu
 # --------------------------------------------------------------------------- backends
 
 
-def load_tokenizer(tokenizer_dir: str | os.PathLike):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "left"
-    return tok
-
-
-def load_causal_lm(model_dir: str | os.PathLike, dtype: str):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        str(model_dir), dtype=getattr(torch, resolve_dtype_name(dtype))
-    )
-    if torch.cuda.is_available():
-        model = model.to("cuda")
-    return model.eval()
-
-
 def transformers_generate(
     model, tokenizer, prompt_ids: list[list[int]], settings: GenerationSettings, eos_ids: list[int]
 ) -> list[list[int]]:
@@ -273,7 +241,7 @@ def _vllm_request(model_dir, tokenizer_dir, prompt_ids, settings, eos_ids, conte
         "stop": list(settings.stop),
         "stop_token_ids": [] if settings.ignore_eos else eos_ids,
         "ignore_eos": settings.ignore_eos,
-        "dtype": resolve_dtype_name(settings.dtype),
+        "dtype": dtype_name(settings.dtype),
         "seed": settings.seed,
         "max_model_len": context,
         "vllm_args": dict(settings.vllm_args),
@@ -327,7 +295,7 @@ def generate(
     eos_ids = eos_token_ids(model_dir, tokenizer)
     context = context_length(model_dir, tokenizer)
     prompt_ids, truncated = encode_prompts(tokenizer, prompts, settings.max_new_tokens, context)
-    details: dict[str, Any] = {"dtype": resolve_dtype_name(settings.dtype)}
+    details: dict[str, Any] = {"dtype": dtype_name(settings.dtype)}
     if backend == "vllm":
         result = vllm_generate(
             _vllm_request(model_dir, tokenizer_dir, prompt_ids, settings, eos_ids, context),
@@ -337,7 +305,7 @@ def generate(
         details.update(vllm_version=result.get("vllm_version"), device=result.get("device"))
     else:
         t0 = time.perf_counter()
-        model = load_causal_lm(model_dir, settings.dtype)
+        model = load_model(model_dir, dtype=settings.dtype, to_gpu=True).eval()
         t1 = time.perf_counter()
         out_ids = transformers_generate(model, tokenizer, prompt_ids, settings, eos_ids)
         seconds, load_seconds = time.perf_counter() - t1, t1 - t0
@@ -357,32 +325,25 @@ def generate(
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
+def model_eos_ids(model, tokenizer) -> list[int]:
+    """EOS ids of a model in memory (its generation config) and of its tokenizer."""
+    eos = model.generation_config.eos_token_id
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted({int(i) for i in ids})
 
-    parser = argparse.ArgumentParser(
-        prog="python -m components.generation", description="Greedy completions of prompts."
-    )
-    parser.add_argument("model", help="model folder")
-    parser.add_argument("prompts", nargs="+", help="prompt strings")
-    parser.add_argument("--backend", choices=BACKENDS, default="auto")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
-    args = parser.parse_args(argv)
-    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, vllm_python=args.vllm_python)
+
+def greedy(model, tokenizer, prompts: list[str], max_new_tokens: int = 256, batch_size: int = 64) -> list[str]:
+    """Greedy completions of rendered prompts by a model in memory (the transformers backend's path)."""
+    settings = GenerationSettings(max_new_tokens=max_new_tokens, batch_size=batch_size)
+    eos_ids = model_eos_ids(model, tokenizer)
+    context = getattr(model.config, "max_position_embeddings", None)
+    prompt_ids, _ = encode_prompts(tokenizer, prompts, max_new_tokens, context)
+    was_training = model.training
+    model.eval()
     try:
-        gen = generate(args.model, args.prompts, settings, args.backend)
-    except (BackendError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    json.dump(
-        {"backend": gen.backend, "completions": gen.completions, "num_tokens": gen.num_tokens},
-        sys.stdout,
-        indent=1,
-    )
-    print()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        out_ids = transformers_generate(model, tokenizer, prompt_ids, settings, eos_ids)
+    finally:
+        model.train(was_training)
+    return [decode(tokenizer, ids, eos_ids, [])[0] for ids in out_ids]

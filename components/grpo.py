@@ -2,7 +2,7 @@
 
 Reads `grpo.init_dir` (default `models/sft`) and `<data.output_dir>/train.jsonl`; writes
 `grpo.output_dir` (default `models/grpo`), a standard model folder, and
-`reports/train/grpo.json`. For each prompt the trainer samples `grpo.num_generations`
+`grpo.metrics_file` (default `reports/train/grpo.json`). For each prompt the trainer samples `grpo.num_generations`
 completions at `grpo.temperature`, scores them with `rewards.funcs` weighted by
 `rewards.weights` (components/rewards.py), normalises the rewards within each group into
 advantages and takes clipped policy-gradient steps (`grpo.epsilon`) with a KL penalty to the
@@ -21,19 +21,16 @@ from the newest on re-run, atomic replacement of the model folder.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
-import logging
 from pathlib import Path
 from typing import Any
 
-from components.config import ConfigError, Params, add_params_args, load_params
-from components.finetune import InputError
+from components.config import Params, stage_main
+from components.errors import ConfigError
 
 STAGE = "grpo"
-REPORT = Path("reports/train/grpo.json")
-_NOT_TRAINING = ("init_dir", "output_dir", "checkpoint_dir", "resume", "sample_size")
+_NOT_TRAINING = ("init_dir", "output_dir", "checkpoint_dir", "resume", "sample_size", "metrics_file")
 COMPLETIONS_TABLE = "grpo_completions.json"
 
 
@@ -90,13 +87,14 @@ def _trainer_class():
     return Trainer
 
 
-def run(params: Params, report: Path = REPORT) -> Path:
+def run(params: Params) -> Path:
     """Train and write the GRPO model folder; returns its path."""
     from datasets import Dataset
     from trl import GRPOConfig as TRLGRPOConfig
 
-    from components import finetune, gsm8k, modeling
+    from components import finetune, gsm8k, modelio
     from components.rewards import build_rewards
+    from components.sources import read_split
 
     cfg, data_dir = params.grpo, Path(params.data.output_dir)
     # Everything that can be wrong in the params fails here, before any data or model is loaded.
@@ -109,15 +107,15 @@ def run(params: Params, report: Path = REPORT) -> Path:
         TRLGRPOConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir, **recipe(params)
     )
     peft_config = finetune.lora_config(STAGE, cfg.lora) if cfg.use_lora else None
-    modeling.require_model_dir(cfg.init_dir, "SFT model", "sft")
+    modelio.require_model_dir(cfg.init_dir, "SFT model", "sft")
     try:
         reward_funcs, _ = build_rewards(params.rewards)
     except ValueError as exc:
         raise ConfigError(f"rewards: {exc}") from None
-    rows = finetune.read_rows(data_dir / "train.jsonl")
-    samples = finetune.read_rows(data_dir / "test.jsonl", limit=cfg.sample_size) if cfg.sample_size else []
+    rows = read_split(data_dir / "train.jsonl")
+    samples = read_split(data_dir / "test.jsonl", limit=cfg.sample_size) if cfg.sample_size else []
 
-    model, tokenizer = modeling.load_model_and_tokenizer(cfg.init_dir, params.model)
+    model, tokenizer = modelio.load_model_and_tokenizer(cfg.init_dir, params.model)
     dataset = Dataset.from_dict(
         {
             "prompt": [gsm8k.render_prompt(r["question"], tokenizer) for r in rows],
@@ -145,21 +143,13 @@ def run(params: Params, report: Path = REPORT) -> Path:
             lora=peft_config is not None,
             samples=samples,
             max_new_tokens=args.max_completion_length or 256,
-            report=report,
+            report=Path(cfg.metrics_file),
         )
     return Path(cfg.output_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m components.grpo", description=__doc__.split("\n\n")[0])
-    add_params_args(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        run(load_params(args.params, args.overrides))
-    except (ConfigError, FileNotFoundError, InputError) as exc:
-        parser.exit(2, f"error: {exc}\n")
-    return 0
+    return stage_main(STAGE, __doc__, run, argv)
 
 
 if __name__ == "__main__":

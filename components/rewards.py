@@ -30,7 +30,7 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from components import gsm8k
+from components import answers, gsm8k
 
 RewardFunc = Callable[..., list]
 
@@ -244,7 +244,7 @@ def get_reward_funcs(names: Sequence[str]) -> list[RewardFunc]:
     if isinstance(names, str):
         names = [names]
     funcs = [load_reward(name) for name in names]
-    gsm8k.warm_up()  # pay math-verify's import now, not inside the first timed reward call
+    answers.warm_up()  # pay math-verify's import now, not inside the first timed reward call
     return funcs
 
 

@@ -2,7 +2,7 @@
 
 Reads the base model (`model.base_dir`, written by the `model` stage) and
 `<data.output_dir>/train.jsonl`; writes `sft.output_dir` (default `models/sft`), a standard
-model folder, and `reports/train/sft.json`. Each demonstration is the rendered prompt
+model folder, and `sft.metrics_file` (default `reports/train/sft.json`). Each demonstration is the rendered prompt
 (components.gsm8k.render_prompt) followed by `<reasoning>solution</reasoning><answer>gold</answer>`
 and eos. Like SFT data pooled from real sources, a share of the demonstrations is noisy on
 purpose (`sft.demo_untagged_rate`, `sft.demo_wrong_rate`; see the README's Training section):
@@ -18,22 +18,18 @@ replaced atomically, only after training succeeded.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import logging
 import random
 import re
 from pathlib import Path
 from typing import Any
 
-from components.config import ConfigError, Params, add_params_args, load_params
-from components.finetune import InputError
+from components.config import Params, stage_main
 
 STAGE = "sft"
-REPORT = Path("reports/train/sft.json")
 _RESULT_RE = re.compile(r"=\s*(-?\d+(?:\.\d+)?)")
 # Settings that do not change what is trained; left out of the resume fingerprint.
-_NOT_TRAINING = ("output_dir", "checkpoint_dir", "resume", "sample_size")
+_NOT_TRAINING = ("output_dir", "checkpoint_dir", "resume", "sample_size", "metrics_file")
 
 
 def untagged_target(solution: str, answer: str) -> str:
@@ -94,23 +90,24 @@ def training_settings(params: Params) -> dict[str, Any]:
     return {"sft": cfg, "model.dtype": params.model.dtype}
 
 
-def run(params: Params, report: Path = REPORT) -> Path:
+def run(params: Params) -> Path:
     """Train and write the SFT model folder; returns its path."""
     import mlflow
     from trl import SFTConfig as TRLSFTConfig
     from trl import SFTTrainer
 
-    from components import finetune, modeling
+    from components import finetune, modelio
+    from components.sources import read_split
 
     cfg, data_dir = params.sft, Path(params.data.output_dir)
     # Everything that can be wrong in the params fails here, before any data or model is loaded.
     args = finetune.build_trl_args(TRLSFTConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir)
     peft_config = finetune.lora_config(STAGE, cfg.lora) if cfg.use_lora else None
-    modeling.require_model_dir(params.model.base_dir, "base model", "model")
-    rows = finetune.read_rows(data_dir / "train.jsonl")
-    samples = finetune.read_rows(data_dir / "test.jsonl", limit=cfg.sample_size) if cfg.sample_size else []
+    modelio.require_model_dir(params.model.base_dir, "base model", "model")
+    rows = read_split(data_dir / "train.jsonl")
+    samples = read_split(data_dir / "test.jsonl", limit=cfg.sample_size) if cfg.sample_size else []
 
-    model, tokenizer = modeling.load_model_and_tokenizer(params.model.base_dir, params.model)
+    model, tokenizer = modelio.load_model_and_tokenizer(params.model.base_dir, params.model)
     dataset, counts = build_demos(rows, tokenizer, cfg)
     fp = finetune.fingerprint(training_settings(params), [data_dir / "train.jsonl", params.model.base_dir])
     checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, STAGE)
@@ -130,22 +127,14 @@ def run(params: Params, report: Path = REPORT) -> Path:
             lora=peft_config is not None,
             samples=samples,
             max_new_tokens=256,
-            report=report,
+            report=Path(cfg.metrics_file),
             extra=counts,
         )
     return Path(cfg.output_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m components.sft", description=__doc__.split("\n\n")[0])
-    add_params_args(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        run(load_params(args.params, args.overrides))
-    except (ConfigError, FileNotFoundError, InputError) as exc:
-        parser.exit(2, f"error: {exc}\n")
-    return 0
+    return stage_main(STAGE, __doc__, run, argv)
 
 
 if __name__ == "__main__":

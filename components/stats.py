@@ -9,16 +9,13 @@
 - `compare_paired(correct_a, correct_b)`: the three above from two boolean lists;
   this is what `reports/eval/comparison.json` records for each pair of models.
 
-Used by components/evaluate.py; no numpy/scipy so that it runs in any environment.
-
-    python -m components.stats 59 6 16 80    # a b c d of a paired 2x2 table -> JSON
+Used by evaluation (components/scoring.py) and the promotion gate; no numpy/scipy so that it
+runs in any environment.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 from collections.abc import Sequence
 from fractions import Fraction
 from statistics import NormalDist
@@ -162,23 +159,3 @@ def compare_paired(correct_a: Sequence[bool], correct_b: Sequence[bool], confide
         "c": c,
         "d": d,
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 4 or not all(x.isdigit() for x in args):
-        print("usage: python -m components.stats A B C D   (counts of a paired 2x2 table)", file=sys.stderr)
-        return 2
-    a, b, c, d = map(int, args)
-    lo, hi = paired_difference_interval(a, b, c, d)
-    n = a + b + c + d
-    print(
-        json.dumps(
-            {"n": n, "delta": (b - c) / n if n else 0.0, "ci95": [lo, hi], "p_value": mcnemar_exact(b, c)}
-        )
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -15,16 +15,14 @@ GRPOFLOW_PARENT_RUN_ID, logs the params of the stage's sections (those its `dvc.
 entry lists, else the section named like the stage) flattened as `section.key`, and marks
 the run FAILED when the body raises (the exception propagates).
 
-Lineage helpers (`git_state`, `file_md5`, `sha256_tree`, `package_versions`) are used by
-the training flow to tag its parent run and by the registry to tag model versions.
-
-    python -m components.tracking     # print the resolved tracking URI and experiment
+Lineage helpers (`git_state`, `package_versions`) are used by the training flow to tag its
+parent run and by the registry to tag model versions. Names: run tags start with `grpoflow.`
+(TAG_PREFIX), metric names join their parts with `/` (`metric_key`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.metadata
 import os
 import subprocess
@@ -33,7 +31,11 @@ from pathlib import Path
 from typing import Any
 
 PARENT_ENV = "GRPOFLOW_PARENT_RUN_ID"
-STAGE_TAG = "grpoflow.stage"
+# Names: every run tag grpoflow writes starts with TAG_PREFIX; metric names join their parts
+# with METRIC_SEP (`grpo/accuracy_strict`), which MLflow's UI groups into sections.
+TAG_PREFIX = "grpoflow."
+METRIC_SEP = "/"
+STAGE_TAG = f"{TAG_PREFIX}stage"
 LINEAGE_PACKAGES = ("torch", "transformers", "trl", "peft", "vllm", "prefect", "mlflow", "dvc")
 _LOCAL_SCHEMES = ("sqlite", "file", "")
 
@@ -103,6 +105,15 @@ def configure(params: Any, base: str | os.PathLike | None = None) -> str:
         exp_id = exp.experiment_id
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
+
+
+def metric_key(*parts: str) -> str:
+    """The one way metric names are spelled.
+
+    >>> metric_key("grpo", "accuracy_strict")
+    'grpo/accuracy_strict'
+    """
+    return METRIC_SEP.join(parts)
 
 
 def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -201,24 +212,6 @@ def git_state(root: str | os.PathLike | None = None) -> dict[str, str]:
     return {"git_commit": sha, "git_dirty": "true" if status.strip() else "false"}
 
 
-def file_md5(path: str | os.PathLike) -> str:
-    return hashlib.md5(Path(path).read_bytes()).hexdigest()
-
-
-def sha256_tree(path: str | os.PathLike) -> dict[str, str]:
-    """sha256 of a file, or of every file under a folder, keyed by path relative to `path`'s parent."""
-    p = Path(path)
-    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
-    out = {}
-    for f in files:
-        h = hashlib.sha256()
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda fh=fh: fh.read(1 << 20), b""):
-                h.update(chunk)
-        out[str(f.relative_to(p.parent))] = h.hexdigest()
-    return out
-
-
 def package_versions(names: tuple[str, ...] = LINEAGE_PACKAGES) -> dict[str, str]:
     """Installed version of each distribution, 'not-installed' when absent (e.g. vllm on a CPU box)."""
     out = {}
@@ -228,28 +221,3 @@ def package_versions(names: tuple[str, ...] = LINEAGE_PACKAGES) -> dict[str, str
         except importlib.metadata.PackageNotFoundError:
             out[name] = "not-installed"
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    from components.config import ConfigError, add_params_args, load_params
-
-    parser = argparse.ArgumentParser(
-        prog="python -m components.tracking", description="Print the resolved MLflow tracking URI and experiment."
-    )
-    add_params_args(parser)
-    args = parser.parse_args(argv)
-    try:
-        params = load_params(args.params, args.overrides)
-    except ConfigError as exc:
-        parser.exit(2, f"error: {exc}\n")
-    uri = resolve_tracking_uri(params)
-    print(f"tracking_uri: {uri}")
-    print(f"artifact_location: {resolve_artifact_location(params, uri)}")
-    print(f"experiment: {params.tracking.experiment}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Entry point of the grpoflow images (infra/Dockerfile): run one stage, the flow, or any command.
 #
-#   docker run IMAGE stage prepare -S data.seed=7        # python -m components.data -S data.seed=7
+#   docker run IMAGE stage data -S data.seed=7           # python -m components.data -S data.seed=7
 #   docker run IMAGE stage grpo -S grpo.beta=0.0         # python -m components.grpo -S grpo.beta=0.0
 #   docker run IMAGE grpoflow run -S grpo.beta=0.0       # the whole training flow
 #   docker run IMAGE prefect worker start --pool grpoflow-process   # anything else runs as given
 #
 # Stage names are those of dvc.yaml; each runs the module its dvc.yaml `cmd` runs
-# (`python -m components.<module>`), with the arguments given here instead of DVC's. It works the
-# same from a checkout: `infra/entrypoint.sh stage prepare --help`.
+# (`python -m components.<stage>`), with the arguments given here instead of DVC's. It works the
+# same from a checkout: `infra/entrypoint.sh stage data --help`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

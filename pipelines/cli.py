@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run the training pipeline flow on params.yaml (+ -S overrides)")
     _add_params(p)
-    p.set_defaults(handler="pipelines.training:cli_run")
+    p.set_defaults(handler="pipelines.commands:cli_run")
 
     p = sub.add_parser("evaluate", help="evaluate a model folder or registered model (models:/NAME@ALIAS)")
     p.add_argument("--model", required=True, metavar="PATH_OR_URI", help="model folder or models:/NAME@ALIAS")
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=None, metavar="DIR",
                    help="write <name>.json and <name>.items.jsonl here (default: <evaluate.output_dir>/cli/<name>)")
     _add_params(p)
-    p.set_defaults(handler="components.evaluate:cli_evaluate")
+    p.set_defaults(handler="pipelines.commands:cli_evaluate")
 
     p = sub.add_parser("grade", help="grade JSONL completions against gold answers")
     p.add_argument("--input", required=True, metavar="FILE",
@@ -66,19 +66,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, metavar="FILE", help="rows written back with 'extracted' and 'correct'")
     p.add_argument("--mode", choices=["strict", "flexible", "gsm8k"], default="flexible",
                    help="answer extraction mode (default: flexible)")
-    p.set_defaults(handler="components.grading:cli_grade")
+    p.set_defaults(handler="pipelines.grading:cli_grade")
 
     p = sub.add_parser("promote", help="force the champion alias onto a model version, recording why")
     p.add_argument("name", help="registered model name, e.g. grpoflow-policy")
     p.add_argument("version", help="model version number")
     p.add_argument("--reason", required=True, help="why; stored as a version tag")
     _add_params(p)
-    p.set_defaults(handler="components.registry:cli_promote")
+    p.set_defaults(handler="pipelines.commands:cli_promote")
 
     p = sub.add_parser("rollback", help="move champion back to the previous champion")
     p.add_argument("name", help="registered model name, e.g. grpoflow-policy")
     _add_params(p)
-    p.set_defaults(handler="components.registry:cli_rollback")
+    p.set_defaults(handler="pipelines.commands:cli_rollback")
 
     p = sub.add_parser("deploy", help="apply infra/prefect.yaml deployments to the Prefect server at PREFECT_API_URL")
     p.add_argument("--name", action="append", default=None, help="deployment name (repeatable; default: all)")

@@ -110,7 +110,8 @@ def cli_deploy(args: argparse.Namespace) -> int:
 def cli_serve(args: argparse.Namespace) -> int:
     """`grpoflow serve --cron EXPR`: serve the training flow from this process on a cron schedule."""
     from components.config import ConfigError, load_params
-    from pipelines.training import prefect_env_defaults, start_prefect_server, training_pipeline
+    from pipelines.runtime import prefect_env_defaults, start_prefect_server
+    from pipelines.training import training_pipeline
 
     prefect_env_defaults()
     root = repo_root()

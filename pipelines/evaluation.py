@@ -1,11 +1,14 @@
-"""The `evaluation` Prefect flow: evaluate a registered model version (e.g. @champion) on a dataset.
+"""`grpoflow evaluate` and the `evaluation` Prefect flow: evaluate any model (a folder, a hub id, a
+registered version such as models:/grpoflow-policy@champion) on a dataset.
 
-One task, `evaluate`, runs components.evaluate.evaluate_one: it downloads the model from
+`evaluate_one` downloads the model from
 the MLflow registry (or takes a folder), generates on vLLM or transformers per
 `evaluate.backend`, writes `<name>.json` / `<name>.items.jsonl` and logs an MLflow run
 named `evaluate`. Use it to re-check the champion on new data or with the
 lm-evaluation-harness protocol, on a schedule or by hand:
 
+    grpoflow evaluate --model models/grpo                           # any folder or models:/NAME@ALIAS
+    grpoflow evaluate --model models:/grpoflow-policy@champion --data hf:openai/gsm8k:main --protocol lm-eval-gsm8k
     python -m pipelines.evaluation --model models:/grpoflow-policy@champion --limit 100
     python -m pipelines.evaluation --model models:/grpoflow-policy@champion \\
         --data hf:openai/gsm8k:main --protocol lm-eval-gsm8k
@@ -15,13 +18,85 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from components.config import ConfigError, add_params_args, load_params
+from components.config import add_params_args, load_params
+from components.errors import EvaluationError, GrpoflowError
+from components.evaluate import STAGE as EVALUATE
+from components.modelio import resolve_model
+from components.reports import log_to_mlflow, write_reports
+from components.scoring import data_source, evaluate_model
+from components.sources import load_problems
+from components.tracking import TAG_PREFIX, stage_run
+
+
+def _slug(spec: str) -> str:
+    """A file and MLflow-metric name for a model spec.
+
+    >>> _slug("models:/grpoflow-policy@champion"), _slug("models/grpo/"), _slug("Qwen/Qwen2.5-0.5B-Instruct")
+    ('grpoflow-policy-champion', 'grpo', 'Qwen2.5-0.5B-Instruct')
+    """
+    tail = spec.rstrip("/").split("/")[-1] or "model"
+    return re.sub(r"[^\w.-]+", "-", tail)
+
+
+def evaluate_one(
+    params: Any,
+    model_spec: str,
+    *,
+    data: str | None = None,
+    protocol: str | None = None,
+    backend: str | None = None,
+    limit: int | None = None,
+    output: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Evaluate one model (folder, hub id or models:/NAME@ALIAS) and log an MLflow run `evaluate`.
+
+    Unset arguments come from `params.evaluate`; reports go to `output` (default
+    `<evaluate.output_dir>/cli/<name>`). Returns the metrics with `output_dir` and `mlflow_run_id`.
+    """
+    cfg = params.evaluate
+    protocol = protocol or cfg.protocol
+    backend = backend or cfg.backend
+    limit = cfg.limit if limit is None else limit
+    if limit < 0:
+        raise EvaluationError(f"--limit must be >= 0, got {limit}")
+    data = data_source(params, data)
+    if not data.startswith(("jsonl:", "hf:")):
+        raise EvaluationError(f"--data {data!r}: expected jsonl:PATH or hf:NAME[:CONFIG]")
+    name = _slug(model_spec)
+    out_dir = Path(output or Path(cfg.output_dir) / "cli" / name)
+    extra = {
+        "evaluate.model": model_spec,
+        "evaluate.data": data,
+        "evaluate.protocol": protocol,
+        "evaluate.backend": backend,
+        "evaluate.limit": limit,
+    }
+    with tempfile.TemporaryDirectory(prefix="grpoflow-model-") as tmp:
+        # Bad input fails here, before an MLflow run is opened.
+        model = resolve_model(model_spec, download_dir=tmp, params=params)
+        problems = load_problems(data, limit)
+        with stage_run(EVALUATE, params, extra_params=extra) as run_:
+            import mlflow
+
+            mlflow.set_tags({f"{TAG_PREFIX}eval.model": model_spec})
+            metrics, items = evaluate_model(
+                model, problems, params, protocol=protocol, backend=backend, data=data
+            )
+            results = {name: (metrics, items)}
+            paths = write_reports(out_dir, results, None)
+            log_to_mlflow(results, None, paths, cfg.log_items_table)
+    return {**metrics, "output_dir": str(out_dir), "mlflow_run_id": run_.info.run_id}
+
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
@@ -34,8 +109,6 @@ def evaluate_task(
     limit: int | None,
     output: str | None,
 ) -> dict[str, Any]:
-    from components.evaluate import evaluate_one
-
     return evaluate_one(
         params, model, data=data, protocol=protocol, backend=backend, limit=limit, output=output
     )
@@ -73,9 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=None)
     add_params_args(parser)
     args = parser.parse_args(argv)
-    from components.evaluate import EvaluationError
-    from components.generation import BackendError
-
     try:
         result = evaluation_pipeline(
             model=args.model,
@@ -87,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             params_file=args.params,
             overrides=args.overrides,
         )
-    except (ConfigError, EvaluationError, BackendError) as exc:
+    except GrpoflowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2, sort_keys=True))

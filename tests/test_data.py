@@ -1,4 +1,4 @@
-"""Stage prepare: sources, validation, overlap, atomic output and a real DVC round trip."""
+"""Stage data: sources, validation, overlap, atomic output and a real DVC round trip."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def test_synthetic_is_seeded_disjoint_and_in_gsm8k_format(tmp_path):
     # The raw generator writes GSM8K's own answer format; the gold answer is the last step's result.
     import random
 
-    from components.data import synthetic_problem
+    from components.synthetic import synthetic_problem
 
     prob = synthetic_problem(random.Random(0))
     assert "<<" in prob["answer"] and prob["answer"].splitlines()[-1].startswith("#### ")
@@ -211,19 +211,19 @@ def test_dvc_repro_skip_push_pull_round_trip(tmp_path):
     sh("git", "init", "-q")
     sh("dvc", "init", "-q")
     sh("dvc", "remote", "add", "-d", "store", str(tmp_path / "remote"))
-    # Keep the stage small and only the prepare stage.
+    # Keep the stage small and only the data stage.
     params = (repo / "params.yaml").read_text().replace("synthetic_train_size: 4000", "synthetic_train_size: 200")
     (repo / "params.yaml").write_text(params)
-    out = sh("dvc", "repro", "prepare")
-    assert "Running stage 'prepare'" in out
-    assert "didn't change, skipping" in sh("dvc", "repro", "prepare")
+    out = sh("dvc", "repro", "data")
+    assert "Running stage 'data'" in out
+    assert "didn't change, skipping" in sh("dvc", "repro", "data")
     train = (repo / "data/processed/train.jsonl").read_bytes()
-    sh("dvc", "push", "prepare")
+    sh("dvc", "push", "data")
     shutil.rmtree(repo / "data/processed")
     shutil.rmtree(repo / ".dvc/cache")
-    sh("dvc", "pull", "prepare")
+    sh("dvc", "pull", "data")
     assert (repo / "data/processed/train.jsonl").read_bytes() == train
     # A params change re-runs the stage.
     (repo / "params.yaml").write_text(params.replace("seed: 1234", "seed: 4321"))
-    assert "Running stage 'prepare'" in sh("dvc", "repro", "prepare")
+    assert "Running stage 'data'" in sh("dvc", "repro", "data")
     assert (repo / "data/processed/train.jsonl").read_bytes() != train

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from components import evaluate, lm_eval_gsm8k
+from components import evaluate, lm_eval_gsm8k, scoring
 from components.config import DataConfig, ModelConfig, load_params
+from components.errors import DataError
+from components.sources import load_problems
 from pipelines import cli
 
 # A tiny Qwen2 (head_dim 32, a size vLLM's CPU kernels support): builds in about a second.
@@ -28,15 +30,17 @@ TINY = dict(tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=1, tiny_inter
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """Prepared synthetic data and three tiny models (seeds differ) in a scratch repo folder."""
-    from components import data, modeling
+    from components import data
+    from components import model as model_stage
+    from components.modelio import save_model
 
     root = tmp_path_factory.mktemp("evalrepo")
     data.run(
         DataConfig(output_dir=str(root / "data/processed"), synthetic_train_size=60, synthetic_test_size=12)
     )
     for name, seed in (("base", 0), ("sft", 1), ("grpo", 2)):
-        model, tok = modeling.build_tiny(ModelConfig(seed=seed, **TINY), root / "data/processed/train.jsonl")
-        modeling.save_model(model, tok, root / "models" / name)
+        model, tok = model_stage.build_tiny(ModelConfig(seed=seed, **TINY), root / "data/processed/train.jsonl")
+        save_model(model, tok, root / "models" / name)
     return root
 
 
@@ -69,14 +73,14 @@ def test_score_and_summarize_hand_made_items():
         "<reasoning>x</reasoning><answer>$40.00</answer> trailing",  # text after the tags: flexible only
     ]
     items = [
-        evaluate.score_item(p, c, 10 * (i + 1), "grpoflow")
+        scoring.score_item(p, c, 10 * (i + 1), "grpoflow")
         for i, (p, c) in enumerate(zip(problems, completions, strict=True))
     ]
     assert [i["correct"] for i in items] == [True, False, False, False]
     assert [i["correct_flexible"] for i in items] == [True, False, True, True]
     assert [i["format_ok"] for i in items] == [True, True, False, False]
     assert [i["extracted"] for i in items] == ["7", "13", None, None]
-    m = evaluate.summarize(items)
+    m = scoring.summarize(items)
     assert m["n"] == 4
     assert m["accuracy_strict"] == 0.25 and m["accuracy_flexible"] == 0.75 and m["format_rate"] == 0.5
     assert m["mean_completion_tokens"] == 25.0
@@ -93,7 +97,7 @@ def test_compare_pairs_items_by_id():
         {"id": str(i), "correct": c, "correct_flexible": True}
         for i, c in enumerate([False, False, True, False])
     ]
-    res = evaluate.compare(a, list(reversed(b)), "accuracy_strict")  # order must not matter
+    res = scoring.compare(a, list(reversed(b)), "accuracy_strict")  # order must not matter
     assert res["metric"] == "accuracy_strict"
     assert res["delta"] == pytest.approx(0.5)
     assert res["p_value"] == pytest.approx(0.5)  # b=2, c=0: 2 * 2**-2
@@ -130,7 +134,7 @@ def test_lm_eval_prompt_is_the_harness_text_and_sampler():
     ],
 )
 def test_lm_eval_scoring_table(completion, gold, strict_ok, flexible_ok):
-    row = evaluate.score_item({"id": "x", "gold": gold}, completion, 5, "lm-eval-gsm8k")
+    row = scoring.score_item({"id": "x", "gold": gold}, completion, 5, "lm-eval-gsm8k")
     assert row["correct"] is strict_ok
     assert row["correct_flexible"] is flexible_ok
 
@@ -151,10 +155,10 @@ def test_load_problems_accepts_prepared_and_native_rows(tmp_path):
         {"question": "Q2?", "answer": "3 * 3 = <<3*3=9>>9\n#### 9"},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    got = evaluate.load_problems(f"jsonl:{path}")
+    got = load_problems(f"jsonl:{path}")
     assert [(r["id"], r["gold"]) for r in got] == [("a", "2"), ("test-2", "9")]
     assert got[1]["answer"] == rows[1]["answer"]  # the full text stays (lm-eval few-shot target)
-    assert len(evaluate.load_problems(f"jsonl:{path}", limit=1)) == 1
+    assert len(load_problems(f"jsonl:{path}", limit=1)) == 1
 
 
 @pytest.mark.parametrize(
@@ -176,8 +180,8 @@ def test_load_problems_accepts_prepared_and_native_rows(tmp_path):
 def test_malformed_data_fails_naming_file_line_and_field(tmp_path, lines, message):
     path = tmp_path / "bad.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(evaluate.EvaluationError, match=message):
-        evaluate.load_problems(f"jsonl:{path}")
+    with pytest.raises(DataError, match=message):
+        load_problems(f"jsonl:{path}")
 
 
 # --------------------------------------------------------------------------- the CLI
@@ -237,7 +241,8 @@ def test_cli_lm_eval_protocol(workspace, tmp_path, capsys):
 
 
 def test_long_prompts_keep_their_last_tokens(workspace):
-    from components.generation import BackendError, encode_prompts, load_tokenizer
+    from components.generation import BackendError, encode_prompts
+    from components.modelio import load_tokenizer
 
     tok = load_tokenizer(workspace / "models/sft")
     short, long = "Question: 1 + 1?\nAnswer:", "filler " * 400 + "Question: 2 + 2?\nAnswer:"

@@ -18,16 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from components.config import ConfigError
-from pipelines.training import (
-    PipelineLocked,
-    StageFailed,
-    apply_overrides,
-    pipeline_lock,
-    run_stage,
-    stage_order,
-    training_pipeline,
-)
+from components.config import ConfigError, write_overrides
+from pipelines.dvc_ops import StageFailed, stage_order
+from pipelines.lineage import PipelineRun
+from pipelines.runlock import PipelineLocked, pipeline_lock
+from pipelines.training import run_stage, training_pipeline
 from tests.toy_repo import make_tiny_model, make_toy_repo, stop_prefect_temporary_server, write_toy_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,23 +56,23 @@ def test_project_stage_order_matches_dvc_yaml():
     declared = list(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"])
     order = stage_order(REPO)
     assert sorted(order) == sorted(declared)
-    assert order[0] == "prepare"
+    assert order[0] == "data"
 
 
-def test_apply_overrides_keeps_comments_and_validates(tmp_path):
+def test_write_overrides_keeps_comments_and_validates(tmp_path):
     p = tmp_path / "params.yaml"
     p.write_text('register:\n  alpha: 0.05   # gate level\n  min_delta: 0.0\nevaluate:\n  data: ""  # x\n')
-    apply_overrides(tmp_path, ["register.alpha=0.01"])
+    write_overrides(p, ["register.alpha=0.01"])
     assert p.read_text() == 'register:\n  alpha: 0.01   # gate level\n  min_delta: 0.0\nevaluate:\n  data: ""  # x\n'
     with pytest.raises(ConfigError, match="register.alpha"):
-        apply_overrides(tmp_path, ["register.min_delta=0.1", "register.alpha=2"])
+        write_overrides(p, ["register.min_delta=0.1", "register.alpha=2"])
     assert "min_delta: 0.0" in p.read_text()  # nothing written when one override is bad
 
 
-def test_apply_overrides_round_trips_the_project_params_yaml(tmp_path):
+def test_write_overrides_round_trips_the_project_params_yaml(tmp_path):
     text = (REPO / "params.yaml").read_text()
     (tmp_path / "params.yaml").write_text(text)
-    apply_overrides(tmp_path, ["register.min_delta=0.0"])  # the default value: nothing may change
+    write_overrides(tmp_path / "params.yaml", ["register.min_delta=0.0"])  # the default value: nothing may change
     assert (tmp_path / "params.yaml").read_text() == text
 
 
@@ -86,7 +81,7 @@ def test_pipeline_lock_waits_then_fails_naming_the_holder(tmp_path):
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
             sys.path.insert(0, {str(REPO)!r})
-            from pipelines.training import pipeline_lock
+            from pipelines.runlock import pipeline_lock
             with pipeline_lock({str(tmp_path)!r}, 0):
                 print("held", flush=True)
                 time.sleep(float(sys.argv[1]))
@@ -131,7 +126,7 @@ def test_transient_dvc_lock_contention_is_retried(toy, monkeypatch):
     lock = zc.lockfile.LockFile(str(toy / ".dvc" / "tmp" / "lock"))
     threading.Thread(target=lambda: (out.contention.wait(300), lock.close()), daemon=True).start()
     task = run_stage.with_options(retries=3, retry_delay_seconds=1)
-    result = task("prepare", str(toy), "", os.environ["MLFLOW_TRACKING_URI"])
+    result = task("prepare", PipelineRun(str(toy), "", os.environ["MLFLOW_TRACKING_URI"]))
     assert out.contention.is_set() and result["status"] == "ran"
     assert out.getvalue().count("Running stage 'prepare'") == 1  # the command itself ran once
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from components import gsm8k
+from components import answers, gsm8k
 from components.gsm8k import (
     answers_match,
     build_messages,
@@ -228,7 +228,7 @@ def test_answers_match(pred, gold, ok):
 def test_answers_match_through_math_verify(pred, gold, ok, monkeypatch):
     # Equivalence, not speed, is tested here: a generous budget keeps a busy machine from
     # turning a slow comparison into a wrong one.
-    monkeypatch.setattr(gsm8k, "MATH_VERIFY_BUDGET_S", 5.0)
+    monkeypatch.setattr(answers, "MATH_VERIFY_BUDGET_S", 5.0)
     assert answers_match(pred, gold) is ok
 
 
@@ -273,14 +273,14 @@ def test_normalize_number_is_unchanged_for_the_data_stage():
 def test_math_verify_is_cut_off_by_its_budget(expr):
     # Unbounded, math-verify works on these for seconds to forever (9^{9^{9^{9}}} does not
     # finish); the budget is MATH_VERIFY_BUDGET_S. The 1 s check leaves room for a busy machine.
-    gsm8k.warm_up()
+    answers.warm_up()
     start = time.monotonic()
     assert answers_match(expr, "5") is False
     assert time.monotonic() - start < 1.0
 
 
 def test_math_verify_restores_a_running_timer_and_handler(monkeypatch):
-    monkeypatch.setattr(gsm8k, "MATH_VERIFY_BUDGET_S", 5.0)
+    monkeypatch.setattr(answers, "MATH_VERIFY_BUDGET_S", 5.0)
     fired = []
     old = signal.signal(signal.SIGALRM, lambda *a: fired.append(1))
     try:

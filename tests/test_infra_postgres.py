@@ -369,12 +369,13 @@ def write_outputs(root: Path, correct: list[bool], lock_text: str) -> None:
 
 def pipeline_register_and_promote(params, root: Path) -> tuple[dict, dict]:
     """The training flow's tail, step by step: parent run → lineage → register → promote."""
-    from pipelines.training import _version_tags, parent_run, promote_model, record_lineage, register_model
+    from pipelines.lineage import parent_run
+    from pipelines.training import promote_model, record_lineage, register_model
 
-    with parent_run(params, root) as run_id:
-        lineage = record_lineage.fn(str(root), run_id, [])
-        registration = register_model.fn(params, _version_tags(lineage, run_id), run_id, str(root))
-        decision = promote_model.fn(params, registration, str(root))
+    with parent_run(params, root) as run:
+        lineage = record_lineage.fn(run, [], params)
+        registration = register_model.fn(params, lineage, run)
+        decision = promote_model.fn(params, registration, run)
     return registration, decision
 
 

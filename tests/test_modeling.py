@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from components import finetune, gsm8k, modeling
-from components.atomic import replace_dir
+from components import finetune, gsm8k, modelio
+from components import model as model_stage
 from components.config import ConfigError, ModelConfig, load_params
+from components.errors import InputError
+from components.generation import greedy
 from components.sft import build_demos, untagged_target, wrong_answer
+from components.sources import read_split
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(
@@ -25,7 +28,8 @@ SMALL = dict(
 
 
 def write_rows(path: Path, n: int = 40, seed: int = 0) -> Path:
-    from components.data import convert_row, synthetic_problem
+    from components.sources import convert_row
+    from components.synthetic import synthetic_problem
 
     rng = random.Random(seed)
     rows = [convert_row(synthetic_problem(rng), f"r{i}") for i in range(n)]
@@ -40,7 +44,7 @@ def train_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(train_file):
-    return modeling.build_tiny(ModelConfig(**SMALL), train_file)
+    return model_stage.build_tiny(ModelConfig(**SMALL), train_file)
 
 
 # --------------------------------------------------------------------------- tiny model
@@ -63,9 +67,9 @@ def test_tokenizer_splits_digits_and_has_chat_template(tiny):
 
 def test_tiny_model_is_identical_for_the_same_seed(train_file, tmp_path):
     cfg = ModelConfig(**SMALL)
-    a = modeling.run(cfg, train_file, tmp_path / "a")
-    b = modeling.run(cfg, train_file, tmp_path / "b")
-    c = modeling.run(ModelConfig(**{**SMALL, "seed": 1}), train_file, tmp_path / "c")
+    a = model_stage.run(cfg, train_file, tmp_path / "a")
+    b = model_stage.run(cfg, train_file, tmp_path / "b")
+    c = model_stage.run(ModelConfig(**{**SMALL, "seed": 1}), train_file, tmp_path / "c")
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
@@ -76,39 +80,21 @@ def test_save_load_round_trip(tiny, tmp_path):
     import torch
 
     model, tok = tiny
-    out = modeling.save_model(model, tok, tmp_path / "m", {"note.json": {"x": 1}})
-    assert modeling.is_model_dir(out) and json.loads((out / "note.json").read_text()) == {"x": 1}
-    loaded, ltok = modeling.load_model_and_tokenizer(out, ModelConfig())
+    out = modelio.save_model(model, tok, tmp_path / "m", {"note.json": {"x": 1}})
+    assert modelio.is_model_dir(out) and json.loads((out / "note.json").read_text()) == {"x": 1}
+    loaded, ltok = modelio.load_model_and_tokenizer(out, ModelConfig())
     ids = tok(gsm8k.render_prompt("Ann has 3 pens.", tok), return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert torch.equal(model(ids).logits, loaded(ids).logits)
     assert ltok.get_vocab() == tok.get_vocab() and ltok.chat_template == tok.chat_template
     assert ltok(["a 12", "b"])["input_ids"] == tok(["a 12", "b"])["input_ids"]
     assert ltok.padding_side == "left"
-    assert modeling.generate(loaded, ltok, ["Ann"], max_new_tokens=3) == modeling.generate(
-        model, tok, ["Ann"], max_new_tokens=3
-    )
-
-
-def test_replace_dir_keeps_the_old_folder_on_failure(tmp_path):
-    out = tmp_path / "models" / "sft"
-    replace_dir(out, lambda d: (d / "a.txt").write_text("old"))
-
-    def broken(d: Path) -> None:
-        (d / "a.txt").write_text("half")
-        raise RuntimeError("disk full")
-
-    with pytest.raises(RuntimeError):
-        replace_dir(out, broken)
-    assert (out / "a.txt").read_text() == "old"
-    assert sorted(p.name for p in out.parent.iterdir()) == ["sft"]  # no temp folders left
-    replace_dir(out, lambda d: (d / "b.txt").write_text("new"))
-    assert sorted(p.name for p in out.iterdir()) == ["b.txt"]
+    assert greedy(loaded, ltok, ["Ann"], max_new_tokens=3) == greedy(model, tok, ["Ann"], max_new_tokens=3)
 
 
 def test_missing_model_folder_names_the_stage(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"SFT model folder .*nope is missing.*dvc repro sft"):
-        modeling.require_model_dir(tmp_path / "nope", "SFT model", "sft")
+    with pytest.raises(InputError, match=r"SFT model folder .*nope is missing.*dvc repro sft"):
+        modelio.require_model_dir(tmp_path / "nope", "SFT model", "sft")
 
 
 # --------------------------------------------------------------------------- SFT demonstrations
@@ -127,7 +113,7 @@ def test_untagged_and_wrong_demonstrations():
 def test_demo_noise_rates(train_file, untagged, wrong):
     from components.config import SFTConfig
 
-    rows = finetune.read_rows(train_file) * 10
+    rows = read_split(train_file) * 10
     cfg = SFTConfig(demo_untagged_rate=untagged, demo_wrong_rate=wrong)
     ds, counts = build_demos(rows, None, cfg)
     n = len(rows)
@@ -244,10 +230,10 @@ def test_fingerprint_follows_settings_and_input_files(tmp_path):
     assert one != finetune.fingerprint({"lr": 1}, [f])
 
 
-def test_read_rows_names_file_and_line(tmp_path):
+def test_read_split_names_file_and_line(tmp_path):
     f = tmp_path / "train.jsonl"
     f.write_text('{"question": "q", "solution": "s", "gold": "1"}\n{"question": "q"}\n')
-    with pytest.raises(finetune.InputError, match=r"train\.jsonl:2: bad row"):
-        finetune.read_rows(f)
-    with pytest.raises(FileNotFoundError, match="dvc repro prepare"):
-        finetune.read_rows(tmp_path / "missing.jsonl")
+    with pytest.raises(InputError, match=r"train\.jsonl:2: bad row"):
+        read_split(f)
+    with pytest.raises(InputError, match="dvc repro data"):
+        read_split(tmp_path / "missing.jsonl")

@@ -13,19 +13,10 @@ from pathlib import Path
 import pytest
 
 from components.config import load_params
-from components.registry import (
-    CHALLENGER,
-    CHAMPION,
-    DECISION_TAG,
-    PREVIOUS_TAG,
-    RegistryError,
-    compare_with_champion,
-    force_promote,
-    gate,
-    read_items,
-    register,
-    rollback,
-)
+from components.errors import InputError, RegistryError
+from components.promotion import compare_with_champion, force_promote, gate, rollback
+from components.registry import CHALLENGER, CHAMPION, DECISION_TAG, PREVIOUS_TAG, register
+from components.reports import read_items
 from components.tracking import configure
 from tests.toy_repo import make_tiny_model
 
@@ -189,7 +180,7 @@ def test_gate_pairs_by_item_id_only():
 def test_bad_items_file_names_file_and_line(tmp_path):
     p = tmp_path / "grpo.items.jsonl"
     p.write_text('{"id": "1", "correct": true}\n{"id": "2"}\n')
-    with pytest.raises(RegistryError, match=r"grpo.items.jsonl:2: expected"):
+    with pytest.raises(InputError, match=r"grpo.items.jsonl:2: expected"):
         read_items(p)
 
 

@@ -22,7 +22,6 @@ from components.tracking import (
     repo_root,
     resolve_artifact_location,
     resolve_tracking_uri,
-    sha256_tree,
     stage_run,
     stage_sections,
 )
@@ -147,10 +146,3 @@ def test_stage_run_in_a_child_process_finds_parent(repo, monkeypatch):
         env={**os.environ, "PYTHONPATH": str(REPO)},
     ).stdout.strip().splitlines()[-1]
     assert client.get_run(out).data.tags["mlflow.parentRunId"] == parent.info.run_id
-
-
-def test_sha256_tree(tmp_path):
-    (tmp_path / "d").mkdir()
-    (tmp_path / "d" / "a.txt").write_text("a")
-    got = sha256_tree(tmp_path / "d")
-    assert got == {"d/a.txt": "ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb"}

@@ -31,15 +31,17 @@ def test_evaluation_flow_evaluates_a_model_and_logs_a_run(tmp_path, monkeypatch)
     # No log shipping to the temporary server: it is gone by interpreter exit, and retries stall it.
     monkeypatch.setenv("PREFECT_LOGGING_TO_API_ENABLED", "false")
 
-    from components import data, modeling
+    from components import data
+    from components import model as model_stage
+    from components.modelio import save_model
     from pipelines.evaluation import evaluation_pipeline
 
     data.run(DataConfig(output_dir=str(tmp_path / "data"), synthetic_train_size=40, synthetic_test_size=6))
     cfg = ModelConfig(
         seed=5, tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=128
     )
-    model, tok = modeling.build_tiny(cfg, tmp_path / "data/train.jsonl")
-    modeling.save_model(model, tok, tmp_path / "model")
+    model, tok = model_stage.build_tiny(cfg, tmp_path / "data/train.jsonl")
+    save_model(model, tok, tmp_path / "model")
 
     result = evaluation_pipeline(
         model=str(tmp_path / "model"),

@@ -30,15 +30,17 @@ def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys):
         if os.environ.get("CI"):
             pytest.fail("CI must provide vLLM for this test: run `make venv-vllm` before the tests")
         pytest.skip("no vLLM here: run `make venv-vllm`")
-    from components import data, modeling
+    from components import data
+    from components import model as model_stage
+    from components.modelio import save_model
 
     data.run(DataConfig(output_dir=str(tmp_path / "data"), synthetic_train_size=60, synthetic_test_size=24))
     # head_dim 32: vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, ...
     cfg = ModelConfig(
         seed=3, tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=2, tiny_intermediate_size=128
     )
-    model, tok = modeling.build_tiny(cfg, tmp_path / "data/train.jsonl")
-    modeling.save_model(model, tok, tmp_path / "model")
+    model, tok = model_stage.build_tiny(cfg, tmp_path / "data/train.jsonl")
+    save_model(model, tok, tmp_path / "model")
 
     items = {}
     for backend in ("transformers", "vllm"):

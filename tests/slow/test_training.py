@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import modeling
+from components import model as model_stage
 from components.config import load_params
+from components.modelio import is_model_dir
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +105,7 @@ def make_workdir(path: Path) -> Path:
     try:
         prepare(DataConfig(synthetic_train_size=48, synthetic_test_size=8, seed=3))
         params = load_params("params.yaml")
-        modeling.run(params.model, Path("data/processed/train.jsonl"))
+        model_stage.run(params.model, Path("data/processed/train.jsonl"))
     finally:
         os.chdir(cwd)
     return path
@@ -211,7 +212,7 @@ def test_lora_grpo_merges_into_a_plain_model_and_ignores_stale_checkpoints(workd
     out = stage(workdir, "grpo", "grpo.use_lora=true", "grpo.lora.r=4", "grpo.trainer.max_steps=2")
     assert "starting over" in out.stderr and "resuming from checkpoint" not in out.stderr
     grpo_dir = workdir / "models/grpo"
-    assert modeling.is_model_dir(grpo_dir) and not (grpo_dir / "adapter_config.json").exists()
+    assert is_model_dir(grpo_dir) and not (grpo_dir / "adapter_config.json").exists()
     assert weights(grpo_dir).keys() == weights(workdir / "models/sft").keys()
     assert changed(weights(workdir / "models/sft"), weights(grpo_dir))
 

@@ -9,7 +9,6 @@ accuracy is printed with its 95% Wilson interval. Answers are extracted and comp
 components/gsm8k.py, the scorer that training rewards and evaluation use.
 
     grpoflow grade --input completions.jsonl --output graded.jsonl --mode flexible
-    python -m components.grading --input completions.jsonl --output graded.jsonl --mode strict
 
 A malformed row stops the command before anything is written: `FILE:LINE: reason` on
 stderr, exit code 2.
@@ -25,14 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from components import gsm8k
-from components.atomic import write_bytes
+from components.errors import InputError
+from components.files import write_jsonl
 from components.rewards import completion_text
 from components.stats import wilson_interval
 
 MAX_REPORTED = 20  # malformed rows listed in the error message
 
 
-class GradeError(ValueError):
+class GradeError(InputError):
     """The input cannot be graded; the message names FILE:LINE and the field."""
 
 
@@ -111,11 +111,6 @@ def read_rows(path: Path) -> list[tuple[dict[str, Any], str, str]]:
     return rows
 
 
-def write_jsonl_atomically(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Write into a temporary sibling, then rename it over `path` (a failure leaves `path` as it was)."""
-    write_bytes(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8"))
-
-
 def run(
     input_path: str | os.PathLike, output_path: str | os.PathLike, mode: str = "flexible"
 ) -> dict[str, Any]:
@@ -127,7 +122,7 @@ def run(
     for row, text, gold in rows:
         extracted = gsm8k.extract_answer(text, mode)
         graded.append({**row, "extracted": extracted, "correct": gsm8k.answers_match(extracted, gold)})
-    write_jsonl_atomically(Path(output_path), graded)
+    write_jsonl(output_path, graded)
     n = len(graded)
     k = sum(r["correct"] for r in graded)
     low, high = wilson_interval(k, n, 0.95)
@@ -165,24 +160,3 @@ def cli_grade(args: argparse.Namespace) -> int:
         return 2
     print(format_summary(summary))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m components.grading",
-        description="Grade JSONL completions against gold answers (same as `grpoflow grade`).",
-    )
-    parser.add_argument(
-        "--input", required=True, metavar="FILE", help="JSONL rows with 'completion' and 'gold' or 'answer'"
-    )
-    parser.add_argument(
-        "--output", required=True, metavar="FILE", help="rows written back with 'extracted' and 'correct'"
-    )
-    parser.add_argument(
-        "--mode", choices=list(gsm8k.MODES), default="flexible", help="extraction mode (default: flexible)"
-    )
-    return cli_grade(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

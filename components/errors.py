@@ -1,0 +1,43 @@
+"""The errors grpoflow raises for things a user can fix; every command line prints their message
+(no traceback) and exits with code 2.
+
+    GrpoflowError           the base: `except GrpoflowError` catches every actionable error
+      ConfigError           a params.yaml key or `-S` override is unknown, mistyped or out of range
+      InputError            a stage input (data file, model folder, report) is missing or malformed;
+        DataError           the message names the file, the line and the field
+      BackendError          a generation backend was asked for but cannot run here
+      EvaluationError       bad input to an evaluation (data, model, settings)
+      RegistryError         a registry operation cannot proceed
+
+Only the standard library is imported here: every module can import it.
+"""
+
+from __future__ import annotations
+
+
+class GrpoflowError(Exception):
+    """An error whose message tells the user what to fix."""
+
+
+class ConfigError(GrpoflowError, ValueError):
+    """A params.yaml key or override is unknown, mistyped or out of range."""
+
+
+class InputError(GrpoflowError, ValueError):
+    """A stage input (data file, model folder, report) is missing or malformed; the message says which and where."""
+
+
+class DataError(InputError):
+    """Bad input data; the message names the file, the line and the field."""
+
+
+class BackendError(GrpoflowError, RuntimeError):
+    """A backend was asked for but cannot run here; the message says how to make it available."""
+
+
+class EvaluationError(GrpoflowError, RuntimeError):
+    """Bad input to an evaluation (data, model, settings); the message says what to fix."""
+
+
+class RegistryError(GrpoflowError, RuntimeError):
+    """A registry operation cannot proceed; the message says what to do."""

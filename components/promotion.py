@@ -1,0 +1,210 @@
+"""Promotion: the gate that decides whether a registered version becomes `champion` (the flow's
+`promote` step), and the manual moves `grpoflow promote` and `grpoflow rollback`.
+
+`gate()` is the promotion step. `champion` moves to the challenger only if there is no
+champion yet, or if on the evaluation items both were scored on (paired by item id) the
+challenger's accuracy beats the champion's by more than zero and at least
+`register.min_delta`, with an exact McNemar p-value below `register.alpha`. The numbers
+and the decision are written as version tags (`promotion.*`) and printed. Tags are
+written before the alias moves and `promotion.decision` last, so an interrupted gate is
+completed by the next run instead of leaving a half-written state.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.errors import RegistryError
+from components.registry import (
+    CHALLENGER,
+    CHAMPION,
+    DECISION_TAG,
+    ITEMS_TAG,
+    PREVIOUS_TAG,
+    REASON_TAG,
+    Registration,
+    alias_version,
+    client_for,
+    items_path,
+)
+from components.reports import read_items
+from components.tracking import repo_root, resolve_tracking_uri
+
+
+@dataclass
+class Decision:
+    name: str
+    version: str
+    decision: str  # promoted | rejected | forced | unchanged
+    reason: str
+    champion_before: str | None = None
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def promoted(self) -> bool:
+        return self.decision in ("promoted", "forced")
+
+
+def _download_items(uri: str) -> dict[str, bool]:
+    import mlflow
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp)
+        return read_items(local)
+
+
+def compare_with_champion(
+    challenger: dict[str, bool], champion: dict[str, bool], alpha: float, min_delta: float
+) -> tuple[bool, dict[str, Any]]:
+    """Paired comparison on the shared items; (promote?, numbers).
+
+    >>> ok, n = compare_with_champion({str(i): i < 60 for i in range(100)}, {str(i): i < 40 for i in range(100)}, 0.05, 0.0)
+    >>> ok, n["delta"], n["b"], n["c"], n["p_value"] < 1e-5
+    (True, 0.2, 20, 0, True)
+    """
+    from components.stats import compare_paired
+
+    shared = sorted(set(challenger) & set(champion))
+    if not shared:
+        return False, {"n": 0}
+    res = compare_paired([challenger[i] for i in shared], [champion[i] for i in shared])
+    numbers = {
+        "n": res["n"],
+        "challenger_accuracy": res["accuracy_a"],
+        "champion_accuracy": res["accuracy_b"],
+        "delta": res["delta"],
+        "ci95": res["ci95"],
+        "p_value": res["p_value"],
+        "b": res["b"],
+        "c": res["c"],
+        "alpha": alpha,
+        "min_delta": min_delta,
+    }
+    ok = res["delta"] > 0 and res["delta"] >= min_delta and res["p_value"] < alpha
+    return ok, numbers
+
+
+def _reason(version: str, champion: str, ok: bool, x: dict[str, Any]) -> str:
+    if x.get("n", 0) == 0:
+        return f"v{version} and champion v{champion} share no evaluation items: not comparable, champion kept"
+    verdict = []
+    if x["delta"] <= 0:
+        verdict.append("not more accurate")
+    elif x["delta"] < x["min_delta"]:
+        verdict.append(f"gain below min_delta {x['min_delta']}")
+    if x["p_value"] >= x["alpha"]:
+        verdict.append(f"p >= alpha {x['alpha']}")
+    lo, hi = x["ci95"]
+    head = (
+        f"v{version} accuracy {x['challenger_accuracy']:.4f} vs champion v{champion} "
+        f"{x['champion_accuracy']:.4f} on {x['n']} shared items: delta {x['delta']:+.4f} "
+        f"(95% CI {lo:+.4f}..{hi:+.4f}), discordant {x['b']} vs {x['c']}, exact McNemar p={x['p_value']:.4g}"
+    )
+    if ok:
+        return f"{head} < alpha {x['alpha']} and delta >= min_delta {x['min_delta']}: promoted"
+    return f"{head}: {', '.join(verdict)}; champion v{champion} kept"
+
+
+def _write_decision(client, name: str, version: str, decision: Decision, move_alias: bool) -> None:
+    """Numbers and reason first, then the alias, then the decision tag (the commit marker)."""
+    for key, value in decision.numbers.items():
+        client.set_model_version_tag(name, version, f"promotion.{key}", json.dumps(value))
+    client.set_model_version_tag(name, version, REASON_TAG, decision.reason)
+    if move_alias:
+        if decision.champion_before and decision.champion_before != version:
+            client.set_model_version_tag(name, version, PREVIOUS_TAG, decision.champion_before)
+        client.set_registered_model_alias(name, CHAMPION, version)
+    client.set_model_version_tag(name, version, DECISION_TAG, decision.decision)
+
+
+def gate(params: Any, registration: Registration, root: str | os.PathLike | None = None) -> Decision:
+    """Move `champion` to the challenger if the gate passes; the decision is tagged and returned."""
+    root = Path(root or repo_root())
+    name, version = registration.name, registration.version
+    client = client_for(params, root)
+    mv = client.get_model_version(name, version)
+    if DECISION_TAG in mv.tags:  # decided by an earlier run: nothing to do
+        return Decision(
+            name, version, mv.tags[DECISION_TAG],
+            f"decided by an earlier run, nothing changed: {mv.tags.get(REASON_TAG, '')}", mv.tags.get(PREVIOUS_TAG),
+        )
+    client.set_registered_model_alias(name, CHALLENGER, version)
+    champion = alias_version(client, name, CHAMPION)
+    if champion is None:
+        decision = Decision(name, version, "promoted", f"no champion yet: v{version} becomes champion")
+        _write_decision(client, name, version, decision, move_alias=True)
+        return decision
+    if champion.version == version:  # an interrupted earlier gate had already moved the alias
+        decision = Decision(name, version, "promoted", mv.tags.get(REASON_TAG, "champion alias already on it"))
+        client.set_model_version_tag(name, version, DECISION_TAG, decision.decision)
+        return decision
+    challenger_items = read_items(items_path(params, root))
+    uri = champion.tags.get(ITEMS_TAG)
+    if not uri:
+        decision = Decision(
+            name, version, "rejected",
+            f"champion v{champion.version} has no '{ITEMS_TAG}' tag, so no paired comparison is possible; "
+            f"champion kept (force with: grpoflow promote {name} {version} --reason TEXT)",
+            champion.version,
+        )
+        _write_decision(client, name, version, decision, move_alias=False)
+        return decision
+    ok, numbers = compare_with_champion(
+        challenger_items, _download_items(uri), params.register.alpha, params.register.min_delta
+    )
+    decision = Decision(
+        name, version, "promoted" if ok else "rejected",
+        _reason(version, champion.version, ok, numbers), champion.version, numbers,
+    )
+    _write_decision(client, name, version, decision, move_alias=ok)
+    return decision
+
+
+def force_promote(params: Any, name: str, version: str, reason: str) -> Decision:
+    """Put `champion` on a version by hand; the reason and who did it are tagged."""
+    client = client_for(params)
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_model_version(name, version)
+    except MlflowException:
+        raise RegistryError(f"{name} version {version} does not exist in {resolve_tracking_uri(params)}") from None
+    champion = alias_version(client, name, CHAMPION)
+    before = champion.version if champion else None
+    if before == str(version):
+        raise RegistryError(f"{name} v{version} is already the champion")
+    decision = Decision(name, str(version), "forced", f"forced by {getpass.getuser()}: {reason}", before)
+    _write_decision(client, name, str(version), decision, move_alias=True)
+    return decision
+
+
+def rollback(params: Any, name: str) -> Decision:
+    """Move `champion` back to the version it replaced (its `promotion.previous_champion` tag)."""
+    client = client_for(params)
+    champion = alias_version(client, name, CHAMPION)
+    if champion is None:
+        raise RegistryError(f"{name} has no champion alias to roll back")
+    previous = champion.tags.get(PREVIOUS_TAG)
+    if not previous:
+        raise RegistryError(f"{name} v{champion.version} replaced no earlier champion; nothing to roll back to")
+    user = getpass.getuser()
+    client.set_model_version_tag(name, champion.version, "rollback.reason", f"rolled back by {user} to v{previous}")
+    client.set_registered_model_alias(name, CHAMPION, previous)
+    client.set_model_version_tag(name, previous, "rollback.restored_from", champion.version)
+    return Decision(name, previous, "rollback", f"champion moved back from v{champion.version} to v{previous}",
+                    champion.version)
+
+
+def print_decision(d: Decision, file=None) -> None:
+    print(f"promotion: {d.name} v{d.version}: {d.decision} — {d.reason}", file=file or sys.stdout)
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    return asdict(obj) | ({"promoted": obj.promoted} if isinstance(obj, Decision) else {})

@@ -1,0 +1,94 @@
+"""The evaluation reports on disk and in MLflow: written by the evaluate stage and `grpoflow evaluate`,
+read by the registry, the promotion gate and the run summary.
+
+In `evaluate.output_dir`: `<model>.json` (metrics, a DVC metrics file), `<model>.items.jsonl`
+(one scored row per problem; the promotion gate pairs items by id) and `comparison.json`.
+All files of one evaluation appear together (components/files.py `write_files`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from components.errors import InputError
+from components.files import JSONLineError, iter_jsonl, json_bytes, jsonl_bytes, write_files
+from components.tracking import TAG_PREFIX, metric_key
+
+Results = dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]  # {model: (metrics, items)}
+COMPARISON = "comparison"
+
+
+def write_reports(out_dir: str | os.PathLike, results: Results, comparison: dict[str, Any] | None) -> list[Path]:
+    """`<model>.json` and `<model>.items.jsonl` per model (and `comparison.json`), all or none."""
+    files = {}
+    for name, (metrics, items) in results.items():
+        files[f"{name}.json"] = json_bytes(metrics)
+        files[f"{name}.items.jsonl"] = jsonl_bytes(items)
+    if comparison is not None:
+        files[f"{COMPARISON}.json"] = json_bytes(comparison)
+    return write_files(out_dir, files)
+
+
+def read_metrics(eval_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """{model: metrics} from `<eval_dir>/<model>.json` (comparison.json excluded; unreadable files skipped)."""
+    out: dict[str, dict[str, Any]] = {}
+    folder = Path(eval_dir)
+    if not folder.is_dir():
+        return out
+    for path in sorted(folder.glob("*.json")):
+        if path.stem == COMPARISON:
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(data, dict):
+            out[path.stem] = data
+    return out
+
+
+def read_comparison(eval_dir: str | os.PathLike) -> dict[str, Any] | None:
+    path = Path(eval_dir) / f"{COMPARISON}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def read_items(path: str | os.PathLike) -> dict[str, bool]:
+    """{item id: correct} from an evaluation items file; names the file and line on bad rows."""
+    out: dict[str, bool] = {}
+    for lineno, row in iter_jsonl(path):
+        if isinstance(row, JSONLineError):
+            raise InputError(f"{path}:{lineno}: not valid JSON ({row})")
+        if not isinstance(row, dict) or "id" not in row or not isinstance(row.get("correct"), bool):
+            raise InputError(f"{path}:{lineno}: expected an object with 'id' and boolean 'correct'")
+        out[str(row["id"])] = row["correct"]
+    return out
+
+
+def log_to_mlflow(results: Results, comparison: dict[str, Any] | None, paths: list[Path], log_table: bool) -> None:
+    """Metrics `<model>/<key>`, comparison numbers `<pair>/<key>`, report files and item tables,
+    into the active MLflow run."""
+    import mlflow
+
+    metrics = {}
+    for name, (m, _) in results.items():
+        for key, value in m.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                metrics[metric_key(name, key)] = float(value)
+            elif key.endswith("_ci95"):
+                metrics[metric_key(name, f"{key}_low")], metrics[metric_key(name, f"{key}_high")] = map(float, value)
+    for pair, res in (comparison or {}).items():
+        for key in ("delta", "p_value"):
+            metrics[metric_key(pair, key)] = float(res[key])
+        metrics[metric_key(pair, "ci95_low")], metrics[metric_key(pair, "ci95_high")] = map(float, res["ci95"])
+    mlflow.log_metrics(metrics)
+    backends = sorted({m["backend"] for m, _ in results.values()})
+    mlflow.set_tags({f"{TAG_PREFIX}eval.backend": ",".join(backends)})
+    for path in paths:
+        mlflow.log_artifact(str(path), artifact_path="eval")
+    if log_table:
+        for name, (_, items) in results.items():
+            columns = {key: [row[key] for row in items] for key in items[0]} if items else {}
+            mlflow.log_table(data=columns, artifact_file=f"eval/{name}_items_table.json")

@@ -1,0 +1,131 @@
+"""DVC as the flow drives it: the stage graph, `dvc.lock` entries, the default remote, and
+`dvc` commands run in a subprocess (cwd = the repo root) with their output streamed.
+
+    stage_order(root)            pipeline stages in dependency order (ties keep dvc.yaml's order)
+    lock_entry(root, stage)      the stage's dvc.lock entry; entry_md5() fingerprints it
+    default_remote(root)         (name, url) of the default remote
+    run_dvc(args, root, env)     `dvc ARGS`, output streamed to the terminal; (exit code, output tail)
+    stage_env(...)               the environment a stage runs in
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from components.tracking import PARENT_ENV
+from pipelines.runtime import TELEMETRY_OFF
+
+# DVC's messages for contention with another DVC process: worth a retry.
+TRANSIENT_MARKERS = ("Unable to acquire lock", "is busy", "database is locked")
+
+
+class StageFailed(RuntimeError):
+    """A stage command (or DVC on it) failed for a reason a retry will not fix."""
+
+
+class TransientError(RuntimeError):
+    """Worth retrying: DVC's lock was held by another process, or the subprocess did not start."""
+
+
+def stage_order(root: str | os.PathLike) -> list[str]:
+    """Pipeline stages of the repo in dependency order (ties keep their dvc.yaml order)."""
+    import networkx as nx
+    from dvc.repo import Repo
+    from dvc.stage import PipelineStage
+
+    with Repo(str(root)) as repo:
+        graph = repo.index.graph
+        stages = [s for s in repo.index.stages if isinstance(s, PipelineStage)]
+        position = {s: i for i, s in enumerate(stages)}
+        # DVC's edges point from a stage to the stages it depends on.
+        sub = graph.subgraph(stages).reverse(copy=True)
+        order = nx.lexicographical_topological_sort(sub, key=lambda s: position[s])
+        return [_address(s, root) for s in order]
+
+
+def _address(stage: Any, root: str | os.PathLike) -> str:
+    """`name` for the root dvc.yaml, `sub/dvc.yaml:name` otherwise, relative to the repo root."""
+    rel = os.path.relpath(stage.path, root)
+    return stage.name if rel == "dvc.yaml" else f"{rel}:{stage.name}"
+
+
+def lock_entry(root: str | os.PathLike, stage: str) -> dict[str, Any] | None:
+    """The stage's entry in dvc.lock (None if it never ran)."""
+    import yaml
+
+    path = Path(root) / "dvc.lock"
+    if not path.is_file():
+        return None
+    data = yaml.safe_load(path.read_text()) or {}
+    return (data.get("stages") or {}).get(stage.split(":")[-1])
+
+
+def entry_md5(entry: dict[str, Any] | None) -> str:
+    return hashlib.md5(json.dumps(entry, sort_keys=True).encode()).hexdigest() if entry else ""
+
+
+def default_remote(root: str | os.PathLike) -> tuple[str | None, str | None]:
+    """(name, url) of the repo's default DVC remote, url made absolute for local folders."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        name = repo.config["core"].get("remote")
+        if not name:
+            return None, None
+        url = repo.config["remote"].get(name, {}).get("url")
+    if url and "://" not in url and not os.path.isabs(url):
+        url = str((Path(root) / ".dvc" / url).resolve())
+    return name, url
+
+
+def stage_env(parent_run_id: str | None, tracking_uri: str) -> dict[str, str]:
+    """The environment stages run in: this venv first on PATH, the parent run, the tracking URI."""
+    env = {**os.environ}
+    for key, value in TELEMETRY_OFF.items():
+        env.setdefault(key, value)
+    bin_dir = os.path.dirname(sys.executable)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env["MLFLOW_TRACKING_URI"] = tracking_uri
+    env.pop("GRPOFLOW_PARAMS", None)  # DVC tracks the repo's params.yaml: stages must read that one
+    if parent_run_id:
+        env[PARENT_ENV] = parent_run_id
+    return env
+
+
+def run_dvc(args: list[str], root: str | os.PathLike, env: dict[str, str]) -> tuple[int, str]:
+    """Run `dvc ARGS`, streaming its output (progress bars included); returns (rc, output tail)."""
+    cmd = [sys.executable, "-m", "dvc", *args]
+    tail: collections.deque[str] = collections.deque(maxlen=60)
+    try:
+        proc = subprocess.Popen(cmd, cwd=str(root), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except OSError as exc:
+        raise TransientError(f"could not start {' '.join(cmd)}: {exc}") from exc
+    assert proc.stdout is not None
+    partial = ""
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode  # chunks split characters
+    # Raw chunks, not lines: progress bars redraw with \r and must reach the terminal as they go.
+    while chunk := proc.stdout.read1(4096):
+        text = decode(chunk)
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        *lines, partial = (partial + text).replace("\r", "\n").split("\n")
+        tail.extend(lines)
+    tail.append(partial)
+    return proc.wait(), "\n".join(line for line in tail if line.strip())
+
+
+def last_line(tail: str, rc: int) -> str:
+    """The line of DVC's output worth showing in a one-line status (the exit code if it printed none)."""
+    return tail.splitlines()[-1] if tail else str(rc)
+
+
+def is_transient(tail: str) -> bool:
+    return any(m in tail for m in TRANSIENT_MARKERS)

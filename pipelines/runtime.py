@@ -1,0 +1,46 @@
+"""The process environment of a pipeline run: telemetry off, and Prefect's temporary server.
+
+    prefect_env_defaults()     telemetry off for this process and the stages it starts
+    start_prefect_server()     boot Prefect's temporary API server in the background when no
+                               PREFECT_API_URL is set, so that it starts while MLflow and DVC import
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+TELEMETRY_OFF = {
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+}
+# Prefect's 20 s default start-up timeout for its temporary server is too short on 2 busy cores.
+SERVER_STARTUP_TIMEOUT_S = 120
+
+
+def prefect_env_defaults() -> None:
+    """Telemetry off for this process and everything it starts (values already set win)."""
+    for key, value in TELEMETRY_OFF.items():
+        os.environ.setdefault(key, value)
+
+
+def start_prefect_server() -> threading.Thread | None:
+    """Boot Prefect's temporary server (used when PREFECT_API_URL is unset) in the background.
+
+    Its module is imported here, in the caller's thread: imports hold the GIL and would not
+    overlap anyway; the server's own start-up (a separate process, seconds) then overlaps
+    with MLflow's and DVC's imports in the caller."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return None
+    from prefect.server.api.server import SubprocessASGIServer
+
+    thread = threading.Thread(
+        target=SubprocessASGIServer().start, kwargs={"timeout": SERVER_STARTUP_TIMEOUT_S}, daemon=True
+    )
+    thread.start()
+    return thread

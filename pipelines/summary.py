@@ -1,0 +1,65 @@
+"""What a pipeline run reports at its end: a summary dict (the flow's return value) and its
+terminal rendering.
+
+    summarize(run, params, stages, pulled, pushed, registration, decision)   the dict
+    format_summary(summary)                                                 the table printed by `grpoflow run`
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from components.reports import read_metrics
+from pipelines.lineage import PipelineRun
+
+SUMMARY_KEYS = ("accuracy_strict", "accuracy_flexible", "format_rate", "n")
+
+
+def summarize(
+    run: PipelineRun,
+    params: Any,
+    stages: list[dict[str, Any]],
+    pulled: str,
+    pushed: str,
+    registration: dict[str, Any] | None,
+    decision: dict[str, Any] | None,
+) -> dict[str, Any]:
+    import mlflow
+
+    exp_id = mlflow.MlflowClient().get_run(run.run_id).info.experiment_id
+    return {
+        "run_id": run.run_id,
+        "experiment_id": exp_id,
+        "tracking_uri": run.tracking_uri,
+        "pull": pulled,
+        "push": pushed,
+        "stages": stages,
+        "metrics": read_metrics(Path(run.root) / params.evaluate.output_dir),
+        "registration": registration,
+        "decision": decision,
+    }
+
+
+def format_summary(s: dict[str, Any], ui: str = "http://127.0.0.1:5000") -> str:
+    lines = ["", "grpoflow run summary"]
+    lines.append(f"  dvc pull: {s['pull']}")
+    for st in s["stages"]:
+        extra = f" (outputs from run {st['produced_by']})" if st.get("produced_by") else ""
+        lines.append(f"  {st['stage']:<10} {st['status']:<8} {st['seconds']:>7.1f} s{extra}")
+    lines.append(f"  dvc push: {s['push']}")
+    for model, m in s["metrics"].items():
+        keys = [k for k in SUMMARY_KEYS if k in m]
+        if keys:
+            lines.append(f"  eval {model:<6} " + "  ".join(f"{k}={m[k]:.4g}" for k in keys))
+    reg, dec = s.get("registration"), s.get("decision")
+    if reg:
+        what = "registered" if reg["created"] else "already registered (dvc.lock unchanged), no new version"
+        lines.append(f"  model: {reg['name']} v{reg['version']} {what}")
+    else:
+        lines.append("  model: not registered (register.enabled is false)")
+    if dec:
+        lines.append(f"  promotion: {dec['decision']} — {dec['reason']}")
+    lines.append(f"  mlflow: {s['tracking_uri']} run {s['run_id']}")
+    lines.append(f"  ui: `grpoflow ui`, then {ui}/#/experiments/{s['experiment_id']}/runs/{s['run_id']}")
+    return "\n".join(lines)
