@@ -5,7 +5,7 @@ with MLflow's transformers flavour (so `mlflow.transformers.load_model` and pyfu
 back) and explicit pip requirements, logs the evaluation reports next to it, and creates a
 version of `register.model_name` whose tags carry the lineage and metrics and whose
 description holds the base/SFT/GRPO table. The version is created in one call with all
-its tags; `dvc_lock_md5` is the idempotency key: a pipeline whose dvc.lock did not change
+its tags; `lineage.dvc_lock_md5` is the idempotency key: a pipeline whose dvc.lock did not change
 makes no new version. The new version gets the alias `challenger`; the `promote` step
 (components/promotion.py) decides whether it becomes `champion`.
 """
@@ -25,8 +25,11 @@ from components.tracking import configure, package_versions, repo_root
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
-LOCK_TAG = "dvc_lock_md5"
-ITEMS_TAG = "eval_items_uri"
+# Version tags are grouped by topic: lineage.* (where the version came from), eval.* (what it was
+# evaluated on), metric.<model>.<key>, promotion.* and rollback.* (what the gate and people did).
+LINEAGE = "lineage."
+LOCK_TAG = f"{LINEAGE}dvc_lock_md5"  # the idempotency key: one version per dvc.lock
+ITEMS_TAG = "eval.items_uri"
 DECISION_TAG = "promotion.decision"
 REASON_TAG = "promotion.reason"
 PREVIOUS_TAG = "promotion.previous_champion"
@@ -136,7 +139,7 @@ def find_version(client, name: str, lock_md5: str):
     """The version registered for this dvc.lock md5, or None."""
     if not re.fullmatch(r"[0-9a-f]{32}", lock_md5):
         raise RegistryError(f"dvc.lock md5 {lock_md5!r} is not an md5 hex digest")
-    found = client.search_model_versions(f"name = '{name}' and tags.{LOCK_TAG} = '{lock_md5}'")
+    found = client.search_model_versions(f"name = '{name}' and tags.`{LOCK_TAG}` = '{lock_md5}'")
     return min(found, key=lambda v: int(v.version)) if found else None
 
 
@@ -202,8 +205,8 @@ def register(params: Any, lineage: dict[str, str], run_id: str, root: str | os.P
         **{k: str(v) for k, v in lineage.items()},
         **metric_tags(metrics),
         ITEMS_TAG: f"{run.info.artifact_uri.rstrip('/')}/{EVAL_ARTIFACTS}/{items.name}",
-        "model_stage": params.register.model_stage,
-        "pipeline_run_id": run_id,
+        f"{LINEAGE}model_stage": params.register.model_stage,
+        f"{LINEAGE}pipeline_run_id": run_id,
     }
     mv = client.create_model_version(
         name,

@@ -36,7 +36,14 @@ from components.tracking import (
 )
 
 FLOW_NAME = "training-pipeline"
+# Run tags (all under TAG_PREFIX). On stage runs: the md5 of the stage's dvc.lock entry.
 LOCK_MD5_TAG = f"{TAG_PREFIX}lock_md5"
+# On the parent run:
+PIPELINE_TAG = f"{TAG_PREFIX}pipeline"
+FLOW_RUN_TAG = f"{TAG_PREFIX}prefect.flow_run_id"
+DVC_LOCK_TAG = f"{TAG_PREFIX}dvc_lock_md5"
+DATA_TAG = f"{TAG_PREFIX}data_sha256."
+STAGES_TAG = f"{TAG_PREFIX}stages."  # grpoflow.stages.<stage>.status | seconds | run_id
 
 
 @dataclass(frozen=True)
@@ -59,12 +66,12 @@ def parent_run(params: Any, root: str | Path) -> Iterator[PipelineRun]:
     exp_id = configure(params, root)
     client = mlflow.MlflowClient()
     tags = {
-        **git_state(root),
-        **{f"version.{k}": v for k, v in package_versions().items()},
-        "prefect.flow_run_id": str(flow_run.id or ""),
-        "prefect.flow_run_name": str(flow_run.name or ""),
-        "grpoflow.pipeline": FLOW_NAME,
-        "repo_root": str(root),
+        **{f"{TAG_PREFIX}{k}": v for k, v in git_state(root).items()},
+        **{f"{TAG_PREFIX}version.{k}": v for k, v in package_versions().items()},
+        FLOW_RUN_TAG: str(flow_run.id or ""),
+        f"{TAG_PREFIX}prefect.flow_run_name": str(flow_run.name or ""),
+        PIPELINE_TAG: FLOW_NAME,
+        f"{TAG_PREFIX}repo_root": str(root),
     }
     run = client.create_run(exp_id, run_name=FLOW_NAME, tags=tags)
     run_id = run.info.run_id
@@ -94,7 +101,7 @@ def record(run: PipelineRun, stages: list[dict[str, Any]], eval_dir: str | None 
     lock = root / "dvc.lock"
     tags: dict[str, str] = {}
     if lock.is_file():
-        tags["dvc_lock_md5"] = md5_file(lock)
+        tags[DVC_LOCK_TAG] = md5_file(lock)
         client.log_artifact(run.run_id, str(lock), "lineage")
     data_dir = root / "data"
     data_hashes = {
@@ -103,15 +110,15 @@ def record(run: PipelineRun, stages: list[dict[str, Any]], eval_dir: str | None 
     }
     client.log_dict(run.run_id, data_hashes, "lineage/data_sha256.json")
     for path, digest in data_hashes.items():
-        tags[f"data_sha256.{path}"] = digest
+        tags[f"{DATA_TAG}{path}"] = digest
     for s in stages:
         name = s["stage"]
-        tags[f"stage.{name}.status"] = s["status"]
-        tags[f"stage.{name}.seconds"] = str(s["seconds"])
+        tags[f"{STAGES_TAG}{name}.status"] = s["status"]
+        tags[f"{STAGES_TAG}{name}.seconds"] = str(s["seconds"])
         run_id = _stage_run_id(client, run.run_id, s)
         if run_id:
             s["run_id"] = run_id
-            tags[f"stage.{name}.run_id"] = run_id
+            tags[f"{STAGES_TAG}{name}.run_id"] = run_id
     client.log_dict(run.run_id, {"stages": stages}, "lineage/stages.json")
     for key, value in tags.items():
         client.set_tag(run.run_id, key, value)
@@ -175,10 +182,13 @@ def failure_recorded(stage: str, stages: list[dict[str, Any]], run: PipelineRun)
 
 
 def version_tags(lineage: dict[str, str], run: PipelineRun) -> dict[str, str]:
-    """What a model version carries from the pipeline run: commit, dirty flag, dvc.lock md5, ids."""
+    """What a model version carries from the pipeline run, as `lineage.*` version tags: commit,
+    dirty flag, dvc.lock md5, data hashes and the Prefect flow run."""
     import mlflow
 
-    tags = mlflow.MlflowClient().get_run(run.run_id).data.tags
-    keep = {k: v for k, v in tags.items() if k in ("git_commit", "git_dirty", "prefect.flow_run_id")}
-    keep.update({k: v for k, v in lineage.items() if k == "dvc_lock_md5" or k.startswith("data_sha256.")})
-    return keep
+    from components.registry import LINEAGE
+
+    tags = {**mlflow.MlflowClient().get_run(run.run_id).data.tags, **lineage}
+    wanted = (f"{TAG_PREFIX}git_commit", f"{TAG_PREFIX}git_dirty", FLOW_RUN_TAG, DVC_LOCK_TAG)
+    keep = {k: v for k, v in tags.items() if k in wanted or k.startswith(DATA_TAG)}
+    return {LINEAGE + k.removeprefix(TAG_PREFIX).replace("prefect.", "prefect_"): v for k, v in keep.items()}

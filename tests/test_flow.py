@@ -147,11 +147,11 @@ def test_training_flow_end_to_end(toy):
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=toy, capture_output=True, text=True).stdout.strip()
     tags = parent.data.tags
     assert parent.info.status == "FINISHED"
-    assert tags["git_commit"] == head and tags["git_dirty"] in ("true", "false")
-    assert tags["dvc_lock_md5"] == lock_md5
-    assert tags["prefect.flow_run_id"]
-    assert all(f"version.{p}" in tags for p in ("torch", "transformers", "trl", "peft", "vllm", "prefect", "mlflow", "dvc"))
-    assert tags["data_sha256.data/processed/items.jsonl"] == hashlib.sha256(
+    assert tags["grpoflow.git_commit"] == head and tags["grpoflow.git_dirty"] in ("true", "false")
+    assert tags["grpoflow.dvc_lock_md5"] == lock_md5
+    assert tags["grpoflow.prefect.flow_run_id"]
+    assert all(f"grpoflow.version.{p}" in tags for p in ("torch", "transformers", "trl", "peft", "vllm", "prefect", "mlflow", "dvc"))
+    assert tags["grpoflow.data_sha256.data/processed/items.jsonl"] == hashlib.sha256(
         (toy / "data/processed/items.jsonl").read_bytes()).hexdigest()
     assert parent.data.params["register.alpha"] == "0.05"
     artifacts = {a.path for a in client.list_artifacts(s1["run_id"], "lineage")}
@@ -163,10 +163,11 @@ def test_training_flow_end_to_end(toy):
     assert set(children) == {"prepare", "grpo", "evaluate"}  # prepare's made by the flow
     assert children["grpo"].data.params["toy.skill"] == "30"
     assert children["evaluate"].data.metrics["accuracy_strict"] == pytest.approx(0.3)
-    assert tags["stage.grpo.run_id"] == children["grpo"].info.run_id
+    assert tags["grpoflow.stages.grpo.run_id"] == children["grpo"].info.run_id
     mv = client.get_model_version("grpoflow-policy", "1")
-    assert mv.tags["git_commit"] == head and mv.tags["dvc_lock_md5"] == lock_md5
-    assert mv.tags["prefect.flow_run_id"] == tags["prefect.flow_run_id"]
+    assert mv.tags["lineage.git_commit"] == head and mv.tags["lineage.dvc_lock_md5"] == lock_md5
+    assert mv.tags["lineage.prefect_flow_run_id"] == tags["grpoflow.prefect.flow_run_id"]
+    assert mv.tags["lineage.pipeline_run_id"] == s1["run_id"]
 
     # Run 2, nothing changed: all skipped, each pointing at the run that made its outputs; no version.
     s2 = training_pipeline(repo=str(toy))
@@ -176,7 +177,7 @@ def test_training_flow_end_to_end(toy):
     }
     assert not s2["registration"]["created"]
     assert len(client.search_model_versions("name = 'grpoflow-policy'")) == 1
-    assert client.get_run(s2["run_id"]).data.tags["stage.grpo.status"] == "skipped"
+    assert client.get_run(s2["run_id"]).data.tags["grpoflow.stages.grpo.status"] == "skipped"
 
     # Run 3, grpo changed but no better: prepare skipped, grpo + evaluate ran; v2 not promoted.
     write_toy_params(toy, skill=31)
@@ -198,5 +199,5 @@ def test_training_flow_end_to_end(toy):
         [parent.info.experiment_id], "tags.`grpoflow.pipeline` = 'training-pipeline'",
         order_by=["attributes.start_time DESC"], max_results=1,
     )[0]
-    assert failed.info.status == "FAILED" and failed.data.tags["stage.grpo.status"] == "failed"
+    assert failed.info.status == "FAILED" and failed.data.tags["grpoflow.stages.grpo.status"] == "failed"
     assert len(client.search_model_versions("name = 'grpoflow-policy'")) == 2

@@ -435,7 +435,7 @@ def test_pipeline_registry_and_promotion_over_http(tracking, postgres, tmp_path,
     )
     assert tags["3"]["promotion.decision"] == "promoted" and tags["3"]["promotion.previous_champion"] == "1"
     assert float(tags["3"]["promotion.p_value"]) < params.register.alpha
-    assert len({tags[v]["dvc_lock_md5"] for v in tags}) == 3
+    assert len({tags[v]["lineage.dvc_lock_md5"] for v in tags}) == 3
     assert tags["3"]["metric.grpo.accuracy_strict"] == "0.4000"
     mv3 = http_get_json(url, "/api/2.0/mlflow/model-versions/get", name=name, version="3")["model_version"]
     assert "| grpo | 0.4000 | 200 |" in mv3["description"]

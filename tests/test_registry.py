@@ -55,7 +55,7 @@ def new_run(params) -> str:
 
 
 def lineage(md5: str) -> dict[str, str]:
-    return {"dvc_lock_md5": md5, "git_commit": "abc123", "git_dirty": "false"}
+    return {"lineage.dvc_lock_md5": md5, "lineage.git_commit": "abc123", "lineage.git_dirty": "false"}
 
 
 def test_register_is_idempotent_loads_back_and_first_version_becomes_champion(repo):
@@ -71,7 +71,7 @@ def test_register_is_idempotent_loads_back_and_first_version_becomes_champion(re
 
     client = mlflow.MlflowClient()
     mv = client.get_model_version("grpoflow-policy", "1")
-    assert mv.tags["git_commit"] == "abc123" and mv.tags["dvc_lock_md5"] == "0" * 32
+    assert mv.tags["lineage.git_commit"] == "abc123" and mv.tags["lineage.dvc_lock_md5"] == "0" * 32
     assert mv.tags["metric.grpo.accuracy_strict"] == "0.3000"
     assert "| grpo | 0.3000 | 100 |" in mv.description
     assert str(client.get_model_version_by_alias("grpoflow-policy", CHALLENGER).version) == "1"

@@ -86,7 +86,7 @@ def test_compare_view_and_champion_alias_in_a_browser(tmp_path, ui):
     dom = render(f"{ui}/#/compare-runs?{query}", ARTIFACTS / "compare-runs.png")
     assert "Comparing 2 Runs" in dom
     assert all(r in dom for r in runs)
-    assert "grpo.accuracy_strict" in dom and "register.alpha" in dom  # metrics and params side by side
+    assert "grpo/accuracy_strict" in dom and "register.alpha" in dom  # metrics and params side by side
 
     dom = render(f"{ui}/#/models/grpoflow-policy", ARTIFACTS / "registered-model.png")
     assert "Version 2" in dom and "Version 1" in dom
