@@ -166,18 +166,44 @@ def _check_trainer_keys(section: str, trainer: dict[str, Any], owned: tuple[str,
             raise ConfigError(f"{section}.trainer.{key}: the stage sets it; use {hint} instead")
 
 
-@dataclass
-class SFTConfig:
-    output_dir: str = _f("models/sft", "Where the SFT model is written (a standard model folder).")
-    metrics_file: str = _f(
-        "reports/train/sft.json", "The stage's summary metrics (a DVC metrics file): steps, loss, seconds, samples."
-    )
-    checkpoint_dir: str = _f(
-        "checkpoints/sft",
+# Fields the two training stages (sft, grpo) share.
+def _metrics_file(stage: str) -> Any:
+    return _f(f"reports/train/{stage}.json", "The stage's summary metrics (a DVC metrics file): steps, loss, seconds, samples.")
+
+
+def _checkpoint_dir(stage: str) -> Any:
+    return _f(
+        f"checkpoints/{stage}",
         "Trainer checkpoints (not a DVC output). A re-run resumes from the newest one made with the same "
         "params and data; they are deleted once the model is saved.",
     )
-    resume: bool = _f(True, "Resume from the newest matching checkpoint in checkpoint_dir (false: start over).")
+
+
+def _resume() -> Any:
+    return _f(True, "Resume from the newest matching checkpoint in checkpoint_dir (false: start over).")
+
+
+def _sample_size() -> Any:
+    return _f(16, "Test problems answered greedily after training and logged to MLflow as a table of samples.", ge=0)
+
+
+def _use_lora() -> Any:
+    return _f(False, "Train LoRA adapters (peft) instead of all weights; merged into the saved model.")
+
+
+def _lora() -> Any:
+    return _f(
+        {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"},
+        "Keyword arguments of peft.LoraConfig, used when use_lora is true (task_type is set by the stage).",
+    )
+
+
+@dataclass
+class SFTConfig:
+    output_dir: str = _f("models/sft", "Where the SFT model is written (a standard model folder).")
+    metrics_file: str = _metrics_file("sft")
+    checkpoint_dir: str = _checkpoint_dir("sft")
+    resume: bool = _resume()
     demo_untagged_rate: float = _f(
         0.5,
         "Fraction of SFT demonstrations written in GSM8K's own format ('reasoning' then '#### N') instead "
@@ -195,14 +221,9 @@ class SFTConfig:
         le=1.0,
     )
     demo_seed: int = _f(0, "Seed that picks which demonstrations are untagged or wrong.", ge=0)
-    sample_size: int = _f(
-        16, "Test problems answered greedily after training and logged to MLflow as a table of samples.", ge=0
-    )
-    use_lora: bool = _f(False, "Train LoRA adapters (peft) instead of all weights; merged into the saved model.")
-    lora: dict[str, Any] = _f(
-        {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"},
-        "Keyword arguments of peft.LoraConfig, used when use_lora is true (task_type is set by the stage).",
-    )
+    sample_size: int = _sample_size()
+    use_lora: bool = _use_lora()
+    lora: dict[str, Any] = _lora()
     trainer: dict[str, Any] = _f(
         SFT_TRAINER_DEFAULTS,
         "Keyword arguments passed straight to TRL's SFTConfig (max_steps, learning_rate, "
@@ -218,15 +239,9 @@ class SFTConfig:
 class GRPOConfig:
     init_dir: str = _f("models/sft", "The model GRPO starts from (and, with beta > 0, the frozen reference).")
     output_dir: str = _f("models/grpo", "Where the GRPO model is written (a standard model folder).")
-    metrics_file: str = _f(
-        "reports/train/grpo.json", "The stage's summary metrics (a DVC metrics file): steps, loss, seconds, samples."
-    )
-    checkpoint_dir: str = _f(
-        "checkpoints/grpo",
-        "Trainer checkpoints (not a DVC output). A re-run resumes from the newest one made with the same "
-        "params and data; they are deleted once the model is saved.",
-    )
-    resume: bool = _f(True, "Resume from the newest matching checkpoint in checkpoint_dir (false: start over).")
+    metrics_file: str = _metrics_file("grpo")
+    checkpoint_dir: str = _checkpoint_dir("grpo")
+    resume: bool = _resume()
     num_generations: int = _f(8, "Completions sampled per prompt (the group G).", ge=2)
     temperature: float = _f(0.8, "Sampling temperature of the completions.", gt=0.0)
     beta: float = _f(0.04, "KL coefficient to the frozen reference model (k3 estimator); 0 drops the reference.", ge=0.0)
@@ -249,14 +264,9 @@ class GRPOConfig:
         "colocate: vLLM in the training process; server: a separate `trl vllm-serve` (see trainer.vllm_server_*).",
         choices=["colocate", "server"],
     )
-    sample_size: int = _f(
-        16, "Test problems answered greedily after training and logged to MLflow as a table of samples.", ge=0
-    )
-    use_lora: bool = _f(False, "Train LoRA adapters (peft) instead of all weights; merged into the saved model.")
-    lora: dict[str, Any] = _f(
-        {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"},
-        "Keyword arguments of peft.LoraConfig, used when use_lora is true (task_type is set by the stage).",
-    )
+    sample_size: int = _sample_size()
+    use_lora: bool = _use_lora()
+    lora: dict[str, Any] = _lora()
     trainer: dict[str, Any] = _f(
         GRPO_TRAINER_DEFAULTS,
         "Keyword arguments passed straight to TRL's GRPOConfig (max_steps, learning_rate, "

@@ -173,20 +173,20 @@ def train_and_save(
     stage: str,
     trainer: Any,
     checkpoint: str | None,
-    output_dir: str | os.PathLike,
+    cfg: Any,
     *,
-    ckpt_dir: str | os.PathLike,
-    lora: bool,
     samples: list[dict[str, str]],
     max_new_tokens: int,
-    report: Path,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train (resuming from `checkpoint`), save the model folder atomically, answer the sample
-    problems, log the summary to MLflow and write the report; returns the summary."""
+    """Train (resuming from `checkpoint`), save the model folder `cfg.output_dir` atomically (LoRA
+    adapters merged when `cfg.use_lora`), answer the sample problems, log the summary to MLflow and
+    write `cfg.metrics_file`; returns the summary. `cfg` is the stage's params section."""
     import mlflow
 
     from components.modelio import save_model
+
+    output_dir, ckpt_dir, lora, report = cfg.output_dir, cfg.checkpoint_dir, cfg.use_lora, Path(cfg.metrics_file)
 
     start = time.monotonic()
     result = trainer.train(resume_from_checkpoint=checkpoint)

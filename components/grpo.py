@@ -134,17 +134,7 @@ def run(params: Params) -> Path:
             processing_class=tokenizer,
             peft_config=peft_config,
         )
-        finetune.train_and_save(
-            STAGE,
-            trainer,
-            checkpoint,
-            cfg.output_dir,
-            ckpt_dir=cfg.checkpoint_dir,
-            lora=peft_config is not None,
-            samples=samples,
-            max_new_tokens=args.max_completion_length or 256,
-            report=Path(cfg.metrics_file),
-        )
+        finetune.train_and_save(STAGE, trainer, checkpoint, cfg, samples=samples, max_new_tokens=args.max_completion_length or 256)
     return Path(cfg.output_dir)
 
 

@@ -118,18 +118,7 @@ def run(params: Params) -> Path:
         trainer = SFTTrainer(
             model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config
         )
-        finetune.train_and_save(
-            STAGE,
-            trainer,
-            checkpoint,
-            cfg.output_dir,
-            ckpt_dir=cfg.checkpoint_dir,
-            lora=peft_config is not None,
-            samples=samples,
-            max_new_tokens=256,
-            report=Path(cfg.metrics_file),
-            extra=counts,
-        )
+        finetune.train_and_save(STAGE, trainer, checkpoint, cfg, samples=samples, max_new_tokens=256, extra=counts)
     return Path(cfg.output_dir)
 
 

@@ -135,20 +135,20 @@ def record(run: PipelineRun, stages: list[dict[str, Any]], eval_dir: str | None 
     return tags
 
 
+def _latest_run(client, exp_ids: list[str], filter_string: str):
+    runs = client.search_runs(exp_ids, filter_string, order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0] if runs else None
+
+
 def _stage_run_id(client, parent_run_id: str, s: dict[str, Any]) -> str | None:
     """The child run of a stage that ran (created here if the stage logged none), or the
     earlier run that produced a skipped stage's outputs (same dvc.lock entry md5)."""
     stage, lock_md5 = s["stage"], s.get("lock_md5", "")
     exp_ids = [client.get_run(parent_run_id).info.experiment_id]
     if s["status"] == "ran":
-        runs = client.search_runs(
-            exp_ids,
-            f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`{STAGE_TAG}` = '{stage}'",
-            order_by=["attributes.start_time DESC"],
-            max_results=1,
-        )
-        if runs:
-            run_id = runs[0].info.run_id
+        found = _latest_run(client, exp_ids, f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`{STAGE_TAG}` = '{stage}'")
+        if found:
+            run_id = found.info.run_id
         else:  # a stage without its own tracking still gets its child run
             run_id = client.create_run(
                 exp_ids[0], run_name=stage, tags={"mlflow.parentRunId": parent_run_id, STAGE_TAG: stage}
@@ -158,17 +158,9 @@ def _stage_run_id(client, parent_run_id: str, s: dict[str, Any]) -> str | None:
         return run_id
     if not lock_md5:
         return None
-    runs = client.search_runs(
-        exp_ids,
-        f"tags.`{STAGE_TAG}` = '{stage}' and tags.`{LOCK_MD5_TAG}` = '{lock_md5}'",
-        order_by=["attributes.start_time DESC"],
-        max_results=1,
-    )
-    if runs:
-        s["produced_by"] = runs[0].info.run_id
-        return runs[0].info.run_id
-    s["produced_by"] = "unknown (outputs not produced by a tracked pipeline run)"
-    return None
+    found = _latest_run(client, exp_ids, f"tags.`{STAGE_TAG}` = '{stage}' and tags.`{LOCK_MD5_TAG}` = '{lock_md5}'")
+    s["produced_by"] = found.info.run_id if found else "unknown (outputs not produced by a tracked pipeline run)"
+    return found.info.run_id if found else None
 
 
 @contextlib.contextmanager
