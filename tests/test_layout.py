@@ -123,3 +123,24 @@ def test_dvc_deps_list_every_module_the_stage_imports(stage):
     assert sorted(needed - deps) == []
     declared_code = {d for d in deps if d.endswith(".py")}
     assert sorted(declared_code - needed) == []  # no stale entries either
+
+
+def test_readme_file_list_follows_the_tree():
+    """README's Files section names every tracked file once (and nothing that is gone)."""
+    import re
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Files\n"):]
+    listed = []
+    for line in section.splitlines():
+        if line.startswith("- "):
+            head = line.split(" — ", 1)[0]
+            listed += re.findall(r"`([^`]+)`", head)
+    files = set(tracked.stdout.split())
+    assert len(listed) == len(set(listed))
+    assert sorted(files - set(listed)) == []
+    assert sorted(set(listed) - files) == []
