@@ -548,8 +548,6 @@ def parse_override(text: str) -> tuple[str, str, Any]:
     path, raw = text.split("=", 1)
     if path.count(".") < 1 or "" in path.split("."):
         raise ConfigError(f"override {text!r}: expected section.key=value")
-    # A deeper key (`sft.trainer.max_steps=10`, as `dvc exp run -S` takes it) sets one entry
-    # of a mapping-valued field and keeps its other entries.
     section, key = path.split(".", 1)
     if section not in SECTIONS:
         raise ConfigError(f"override {text!r}: unknown section '{section}'; known: {', '.join(SECTIONS)}")
@@ -595,20 +593,27 @@ def load_raw(path: str | os.PathLike | None = None, overrides: typing.Iterable[s
     if unknown:
         raise ConfigError(f"{p}: unknown section '{unknown[0]}'; known sections: {', '.join(SECTIONS)}")
     for text in overrides:
-        section, key, value = parse_override(text)
-        raw.setdefault(section, {})
-        if raw[section] is None:
-            raw[section] = {}
-        *parents, leaf = key.split(".")
-        target = raw[section]
-        for depth, part in enumerate(parents):
-            if target.get(part) is None:  # not in the file: start from the field's default mapping
-                target[part] = _default_mapping(section, part) if depth == 0 else {}
-            if not isinstance(target[part], dict):
-                raise ConfigError(f"override {text!r}: {section}.{'.'.join(parents[: depth + 1])} is not a mapping")
-            target = target[part]
-        target[leaf] = value
+        apply_override(raw, text)
     return raw
+
+
+def apply_override(raw: typing.MutableMapping[str, Any], text: str) -> None:
+    """Set one `section.key[.sub...]=value` override in a params mapping, in place: the parser
+    behind both `load_params` and the params.yaml writer. A deeper key (`sft.trainer.max_steps=10`,
+    as `dvc exp run -S` takes it) sets one entry of a mapping-valued field and keeps its other
+    entries; a mapping not in the file starts from the field's default."""
+    section, key, value = parse_override(text)
+    if raw.get(section) is None:
+        raw[section] = {}
+    *parents, leaf = key.split(".")
+    target = raw[section]
+    for depth, part in enumerate(parents):
+        if target.get(part) is None:  # not in the file: start from the field's default mapping
+            target[part] = _default_mapping(section, part) if depth == 0 else {}
+        if not isinstance(target[part], typing.MutableMapping):
+            raise ConfigError(f"override {text!r}: {section}.{'.'.join(parents[: depth + 1])} is not a mapping")
+        target = target[part]
+    target[leaf] = value
 
 
 def load_params(path: str | os.PathLike | None = None, overrides: typing.Iterable[str] = ()) -> Params:
@@ -648,10 +653,7 @@ def write_overrides(path: str | os.PathLike, overrides: typing.Iterable[str]) ->
     if data is None:
         data = {}
     for text in overrides:
-        section, key, value = parse_override(text)
-        if data.get(section) is None:
-            data[section] = {}
-        data[section][key] = value
+        apply_override(data, text)
     buf = io.StringIO()
     yaml_rt.dump(data, buf)
     write_text(path, buf.getvalue())

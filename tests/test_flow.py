@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -201,3 +202,33 @@ def test_training_flow_end_to_end(toy):
     )[0]
     assert failed.info.status == "FAILED" and failed.data.tags["grpoflow.stages.grpo.status"] == "failed"
     assert len(client.search_model_versions("name = 'grpoflow-policy'")) == 2
+
+
+def test_nested_override_lands_nested_and_keeps_comments(tmp_path):
+    """`-S sft.trainer.max_steps=10` once wrote a literal key `trainer.max_steps:` into params.yaml,
+    which then failed to load (and so did every later command)."""
+    from components.config import load_params
+
+    p = tmp_path / "params.yaml"
+    p.write_text("sft:\n  trainer:\n    max_steps: 1500   # steps\n    seed: 0\ngrpo:\n  beta: 0.04  # kl\n")
+    write_overrides(p, ["sft.trainer.max_steps=10", "grpo.trainer.max_steps=2", "grpo.lora.r=4"])
+    text = p.read_text()
+    assert "trainer.max_steps" not in text
+    assert re.search(r"\n  trainer:\n    max_steps: 10 +# steps\n    seed: 0\n", text)  # nested in place, comment kept
+    params = load_params(p)
+    assert params.sft.trainer == {"max_steps": 10, "seed": 0}
+    # Not in the file yet: the section's mapping starts from its defaults, as on the command line.
+    assert params.grpo.trainer["max_steps"] == 2 and params.grpo.trainer["learning_rate"] == 1.0e-4
+    assert params.grpo.lora["r"] == 4 and params.grpo.lora["lora_alpha"] == 32
+    assert params.grpo == load_params(None, ["grpo.beta=0.04", "grpo.trainer.max_steps=2", "grpo.lora.r=4"]).grpo
+
+
+def test_rejected_nested_override_leaves_params_yaml_byte_identical(tmp_path):
+    p = tmp_path / "params.yaml"
+    original = (REPO / "params.yaml").read_bytes()
+    p.write_bytes(original)
+    for bad in (["sft.trainer.max_steps=10", "sft.resume=maybe"], ["sft.lora=3", "sft.lora.r=2"],
+                ["grpo.trainer.num_generations=4"], ["sft.trainer.max_steps=5", "nosection.x=1"]):
+        with pytest.raises(ConfigError):
+            write_overrides(p, bad)
+        assert p.read_bytes() == original, bad
