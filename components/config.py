@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from components.errors import ConfigError, GrpoflowError
+from components.files import repo_root
 
 __all__ = ["ConfigError", "Params", "load_params", "add_params_args", "stage_main"]
 
@@ -616,8 +617,11 @@ def apply_override(raw: typing.MutableMapping[str, Any], text: str) -> None:
     target[leaf] = value
 
 
-def load_params(path: str | os.PathLike | None = None, overrides: typing.Iterable[str] = ()) -> Params:
-    """Load, override and validate params; raises ConfigError naming the bad key."""
+def load_params(
+    path: str | os.PathLike | None = None, overrides: typing.Iterable[str] = (), root: str | os.PathLike | None = None
+) -> Params:
+    """Load, override and validate params; raises ConfigError naming the bad key. Paths are checked
+    against `root` (default: the params file's folder, else the checkout of the working directory)."""
     raw = load_raw(path, overrides)
     sections = {}
     for name in SECTIONS:
@@ -625,7 +629,73 @@ def load_params(path: str | os.PathLike | None = None, overrides: typing.Iterabl
             sections[name] = build_section(name, raw.get(name))
         except TypeError as exc:  # a __post_init__ or dataclass signature problem
             raise ConfigError(f"{name}: {exc}") from None
-    return Params(**sections)
+    params = Params(**sections)
+    if root is None:
+        file = params_path(path)
+        root = file.resolve().parent if file.is_file() else repo_root()
+    check_paths(params, root)
+    return params
+
+
+# --------------------------------------------------------------------------- paths
+
+# Folders the stages write (and may replace or delete), and the ones they only read.
+OUTPUT_DIRS = (
+    "data.output_dir", "model.base_dir", "sft.output_dir", "sft.checkpoint_dir",
+    "grpo.output_dir", "grpo.checkpoint_dir", "evaluate.output_dir",
+)
+INPUT_DIRS = ("grpo.init_dir",)
+OUTPUT_FILES = ("sft.metrics_file", "grpo.metrics_file")
+DATA_FOLDER = "data"  # where users keep source files beside the prepared splits
+PROTECTED = (".git", ".dvc")
+
+
+def _value(params: Params, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(params, section), name)
+
+
+def _is_default(params: Params, key: str) -> bool:
+    section, name = key.split(".")
+    return _value(params, key) == next(f.default for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
+
+
+def _overlap(a: Path, b: Path) -> bool:
+    return a == b or a in b.parents or b in a.parents
+
+
+def check_paths(params: Params, root: str | os.PathLike) -> dict[str, Path]:
+    """Every stage path inside the repository `root` (not the root itself, not in .git or .dvc), and
+    no stage's output folder equal to, inside or around another's or the data folder, so that no
+    stage can replace or delete what it does not own. Returns {key: resolved path}."""
+    root = Path(root).resolve()
+    resolved: dict[str, Path] = {}
+    for key in OUTPUT_DIRS + INPUT_DIRS + OUTPUT_FILES:
+        value = _value(params, key)
+        p = (root / value).resolve()  # an absolute value stays itself
+        if p == root:
+            raise ConfigError(f"{key}: {value!r} is the repository root {root}; give the stage a folder of its own")
+        if root not in p.parents:
+            raise ConfigError(f"{key}: {value!r} resolves to {p}, outside the repository {root}; stage paths live inside it")
+        for protected in PROTECTED:
+            if _overlap(p, root / protected):
+                raise ConfigError(f"{key}: {value!r} is inside {protected}, which belongs to {protected.strip('.')}")
+        resolved[key] = p
+    data_folder = root / DATA_FOLDER
+    for i, key in enumerate(OUTPUT_DIRS):
+        others = {k: resolved[k] for k in OUTPUT_DIRS[i + 1 :]}
+        if key != "data.output_dir":
+            others["the data folder"] = data_folder
+        for other, q in others.items():
+            if _overlap(resolved[key], q):
+                # Name the key the user changed (it differs from its default) first.
+                subject, obj = (other, key) if other in resolved and _is_default(params, key) else (key, other)
+                raise ConfigError(
+                    f"{subject}: {_value(params, subject)!r} ({resolved[subject]}) overlaps {obj} "
+                    f"({resolved.get(obj, data_folder)}); a stage output needs a folder of its own, neither "
+                    "inside nor around another stage's output or the data folder"
+                )
+    return resolved
 
 
 def write_overrides(path: str | os.PathLike, overrides: typing.Iterable[str]) -> None:

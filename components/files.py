@@ -9,6 +9,7 @@ output exactly as it was. No other module writes a temporary file and renames it
     write_files(out_dir, {name: bytes}) several files into a folder: nothing changes until all are written
     iter_jsonl(path) / read_jsonl(path) JSON Lines, a bad line named as FILE:LINE
     sha256_file, sha256_tree, md5_file, tree_digest   content hashes
+    repo_root()                         the checkout a path belongs to (nearest .dvc/ or dvc.yaml)
 """
 
 from __future__ import annotations
@@ -29,20 +30,43 @@ _CHUNK = 1 << 20
 # --------------------------------------------------------------------------- atomic outputs
 
 
+OUTPUT_MARKER = ".grpoflow-output"  # in every folder replace_dir writes: "this folder is ours to replace"
+
+
+def _foreign_entries(out: Path, new: Path) -> list[str]:
+    """What in the existing `out` grpoflow may not replace: nothing when `out` is empty, carries the
+    marker, or holds only names the new folder has too (e.g. a stage's files restored by `dvc pull`)."""
+    if not out.is_dir():
+        return [out.name]  # a file where a folder should go
+    names = sorted(p.name for p in out.iterdir())
+    if not names or OUTPUT_MARKER in names:
+        return []
+    return [n for n in names if not (new / n).exists()]
+
+
 def replace_dir(out_dir: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
     """Call `write(tmp)` on a temporary sibling folder, then move it to `out_dir`.
 
     A failure inside `write` leaves an existing `out_dir` untouched; the swap itself is two
-    renames on the same file system.
+    renames on the same file system. An existing `out_dir` that grpoflow did not write (files it
+    would not rewrite, no marker) is never replaced: InputError, and nothing changes.
     """
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         write(tmp)
+        (tmp / OUTPUT_MARKER).write_text("written by grpoflow; the stage replaces this folder on its next run\n")
         tmp.chmod(0o755)  # mkdtemp makes it private; an output folder is an ordinary folder
         old = None
-        if out.exists():
+        if out.exists() or out.is_symlink():
+            foreign = _foreign_entries(out, tmp)
+            if foreign:
+                shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+                raise InputError(
+                    f"{out} holds files grpoflow did not write ({shown}); refusing to replace it. "
+                    "Point the stage's output param at a folder of its own, or move those files away."
+                )
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             old.rmdir()
             os.replace(out, old)
@@ -185,3 +209,15 @@ def tree_digest(paths: Iterable[str | os.PathLike]) -> str:
             h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
             _update(h, f)
     return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- the checkout
+
+
+def repo_root(start: str | os.PathLike | None = None) -> Path:
+    """The nearest folder at or above `start` (default: cwd) holding `.dvc` or `dvc.yaml`; else `start`."""
+    here = Path(start or os.getcwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / ".dvc").is_dir() or (folder / "dvc.yaml").is_file():
+            return folder
+    return here

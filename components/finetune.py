@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from components.errors import ConfigError
+from components.errors import ConfigError, InputError
 from components.files import tree_digest, write_json
 
 log = logging.getLogger("grpoflow.finetune")
@@ -118,19 +118,36 @@ def complete_checkpoints(ckpt_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def _owned(d: Path) -> bool:
+    """A checkpoint folder grpoflow may delete: empty, or holding the stage's fingerprint marker."""
+    return d.is_dir() and (not any(d.iterdir()) or (d / FINGERPRINT_FILE).is_file())
+
+
+def _refuse(d: Path, stage: str) -> InputError:
+    return InputError(
+        f"{stage}.checkpoint_dir {d} exists and was not made by grpoflow (no {FINGERPRINT_FILE} in it); "
+        f"refusing to delete it. Point {stage}.checkpoint_dir at a folder of its own."
+    )
+
+
 def resume_point(ckpt_dir: str | os.PathLike, fp: str, resume: bool, stage: str) -> str | None:
     """The checkpoint to resume from, or None after preparing an empty checkpoint folder."""
     d = Path(ckpt_dir)
     marker = d / FINGERPRINT_FILE
     if d.exists():
-        same = marker.is_file() and json.loads(marker.read_text()).get("fingerprint") == fp
+        if not _owned(d):
+            raise _refuse(d, stage)
+        try:
+            same = json.loads(marker.read_text()).get("fingerprint") == fp
+        except (OSError, ValueError, AttributeError):  # no marker, or a corrupt one: a mismatch
+            same = False
         ckpts = complete_checkpoints(d)
         if resume and same and ckpts:
             step = int(_CHECKPOINT_RE.match(ckpts[-1].name).group(1))
             log.warning("%s: resuming from checkpoint %s (step %d)", stage, ckpts[-1], step)
             return str(ckpts[-1])
         if ckpts:
-            why = "resume is off" if not resume else "they were made with other params, model or data"
+            why = "resume is off" if not resume else "they were made with other params, code, libraries or data"
             log.warning("%s: starting over; not resuming from the checkpoints in %s (%s)", stage, d, why)
         shutil.rmtree(d)
     d.mkdir(parents=True)
@@ -139,7 +156,12 @@ def resume_point(ckpt_dir: str | os.PathLike, fp: str, resume: bool, stage: str)
 
 
 def clear_checkpoints(ckpt_dir: str | os.PathLike) -> None:
-    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    """Delete the checkpoint folder once the model is saved, if it is the stage's own."""
+    d = Path(ckpt_dir)
+    if d.exists() and not _owned(d):
+        log.warning("not deleting %s: it holds no %s, so grpoflow did not make it", d, FINGERPRINT_FILE)
+        return
+    shutil.rmtree(d, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- train, save, report

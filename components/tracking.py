@@ -30,6 +30,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from components.files import repo_root
+
 PARENT_ENV = "GRPOFLOW_PARENT_RUN_ID"
 # Names: every run tag grpoflow writes starts with TAG_PREFIX; metric names join their parts
 # with METRIC_SEP (`grpo/accuracy_strict`), which MLflow's UI groups into sections.
@@ -38,15 +40,6 @@ METRIC_SEP = "/"
 STAGE_TAG = f"{TAG_PREFIX}stage"
 LINEAGE_PACKAGES = ("torch", "transformers", "trl", "peft", "vllm", "prefect", "mlflow", "dvc")
 _LOCAL_SCHEMES = ("sqlite", "file", "")
-
-
-def repo_root(start: str | os.PathLike | None = None) -> Path:
-    """The nearest folder at or above `start` (default: cwd) holding `.dvc` or `dvc.yaml`; else `start`."""
-    here = Path(start or os.getcwd()).resolve()
-    for folder in (here, *here.parents):
-        if (folder / ".dvc").is_dir() or (folder / "dvc.yaml").is_file():
-            return folder
-    return here
 
 
 def _scheme(uri: str) -> str:

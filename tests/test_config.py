@@ -80,3 +80,34 @@ def test_int_accepted_for_float_but_bool_rejected_for_int():
     assert _coerce("k", 1, float) == 1.0
     with pytest.raises(ConfigError):
         _coerce("k", True, int)
+
+
+# --------------------------------------------------------------------------- paths
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("sft.checkpoint_dir=.", r"sft\.checkpoint_dir: '\.' is the repository root"),
+        ("sft.checkpoint_dir=data", r"sft\.checkpoint_dir: 'data' .*overlaps data\.output_dir"),
+        ("sft.checkpoint_dir=/tmp/x", r"sft\.checkpoint_dir: '/tmp/x' resolves to /tmp/x, outside the repository"),
+        ("sft.checkpoint_dir=..", r"sft\.checkpoint_dir: '\.\.' resolves to .*outside the repository"),
+        ("grpo.output_dir=.git/x", r"grpo\.output_dir: '\.git/x' is inside \.git"),
+        ("evaluate.output_dir=.dvc", r"evaluate\.output_dir: '\.dvc' is inside \.dvc"),
+        ("sft.output_dir=models", r"sft\.output_dir: 'models' .*overlaps model\.base_dir"),
+        ("grpo.checkpoint_dir=models/grpo/ckpt", r"grpo\.checkpoint_dir: .*overlaps grpo\.output_dir"),
+        ("model.base_dir=data/base", r"model\.base_dir: 'data/base' .*overlaps the data folder"),
+        ("grpo.init_dir=../elsewhere", r"grpo\.init_dir: .*outside the repository"),
+        ("sft.metrics_file=/etc/passwd", r"sft\.metrics_file: '/etc/passwd' resolves to .*outside the repository"),
+    ],
+)
+def test_paths_that_could_delete_user_data_are_rejected(tmp_path, override, message):
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    with pytest.raises(ConfigError, match=message):
+        load_params(tmp_path / "params.yaml", [override])
+
+
+def test_default_and_ordinary_paths_pass(tmp_path):
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    load_params(tmp_path / "params.yaml")
+    load_params(tmp_path / "params.yaml", ["sft.checkpoint_dir=scratch/sft", f"grpo.output_dir={tmp_path}/out/grpo"])

@@ -183,7 +183,7 @@ def test_cli_reports_file_line_and_exit_code(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "components.data", "-S", f"data.train_source=jsonl:{bad_file}",
          "-S", f"data.test_source=jsonl:{write_jsonl(tmp_path / 't.jsonl', TEST_ROWS)}", "-S", f"data.output_dir={out}"],
-        cwd=REPO, capture_output=True, text=True,
+        cwd=tmp_path, capture_output=True, text=True,  # the checkout: stage paths must lie inside it
     )
     assert proc.returncode == 2
     assert f"{bad_file}:4: field 'answer': final answer '?' is not a number" in proc.stderr

@@ -44,6 +44,13 @@ def workspace(tmp_path_factory):
     return root
 
 
+@pytest.fixture(autouse=True)
+def inside_the_workspace(request, monkeypatch):
+    """Stage paths must lie inside the checkout params are loaded for: work from the workspace."""
+    if "workspace" in request.fixturenames:
+        monkeypatch.chdir(request.getfixturevalue("workspace"))
+
+
 def overrides(root: Path, *extra: str) -> list[str]:
     return [
         f"data.output_dir={root / 'data/processed'}",
@@ -356,16 +363,17 @@ def test_stage_writes_reports_comparison_and_cli_reproduces_it(workspace, capsys
 
 
 def test_failed_stage_leaves_previous_reports(workspace, tmp_path, capsys):
+    out = workspace / "reports" / "failing"
     params_args = sum(
-        (["-S", o] for o in overrides(workspace, "evaluate.limit=2", f"evaluate.output_dir={tmp_path}")), []
+        (["-S", o] for o in overrides(workspace, "evaluate.limit=2", f"evaluate.output_dir={out}")), []
     )
     assert evaluate.main(params_args) == 0
-    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
-    broken = [*params_args, "-S", f"grpo.output_dir={tmp_path / 'missing'}"]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    broken = [*params_args, "-S", f"grpo.output_dir={workspace / 'models/missing'}"]
     assert evaluate.main(broken) == 2
     err = capsys.readouterr().err
     assert "grpo model folder" in err and "dvc repro grpo" in err
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
 def test_config_rejects_bad_values():

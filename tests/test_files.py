@@ -24,7 +24,7 @@ def test_replace_dir_keeps_the_old_folder_on_failure(tmp_path):
     assert (out / "a.txt").read_text() == "old"
     assert sorted(p.name for p in out.parent.iterdir()) == ["sft"]  # no temp folders left
     replace_dir(out, lambda d: (d / "b.txt").write_text("new"))
-    assert sorted(p.name for p in out.iterdir()) == ["b.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [".grpoflow-output", "b.txt"]
 
 
 def test_write_bytes_and_write_files_leave_old_content_on_failure(tmp_path, monkeypatch):
@@ -67,3 +67,23 @@ def test_sha256_tree_and_tree_digest(tmp_path):
     one = tree_digest([tmp_path / "d"])
     (tmp_path / "d" / "a.txt").write_text("b")
     assert tree_digest([tmp_path / "d"]) != one
+
+
+def test_replace_dir_never_replaces_a_folder_it_does_not_own(tmp_path):
+    """A params path pointed at a user's folder: the folder and its files stay, the stage fails clearly."""
+    user = tmp_path / "notes"
+    user.mkdir()
+    (user / "thesis.tex").write_text("years of work")
+    with pytest.raises(InputError, match=r"notes holds files grpoflow did not write \(thesis\.tex\)"):
+        replace_dir(user, lambda d: (d / "model.safetensors").write_text("w"))
+    assert (user / "thesis.tex").read_text() == "years of work"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"]
+    # Its own output (marked), an empty folder, or one holding only what is rewritten: replaced.
+    out = replace_dir(tmp_path / "out", lambda d: (d / "a.txt").write_text("1"))
+    replace_dir(out, lambda d: (d / "b.txt").write_text("2"))
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["b.txt"]
+    restored = tmp_path / "restored"  # e.g. `dvc pull` of the data stage's files, no marker
+    restored.mkdir()
+    (restored / "train.jsonl").write_text("old")
+    replace_dir(restored, lambda d: (d / "train.jsonl").write_text("new"))
+    assert (restored / "train.jsonl").read_text() == "new"

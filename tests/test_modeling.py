@@ -237,3 +237,22 @@ def test_read_split_names_file_and_line(tmp_path):
         read_split(f)
     with pytest.raises(InputError, match="dvc repro data"):
         read_split(tmp_path / "missing.jsonl")
+
+
+def test_checkpoint_folder_without_the_stage_marker_is_never_deleted(tmp_path):
+    """`-S sft.checkpoint_dir=.` once made the SFT stage rmtree the checkout (.git included)."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("user data")
+    with pytest.raises(InputError, match=r"mine .*not made by grpoflow.*refusing to delete"):
+        finetune.resume_point(folder, "fp", True, "sft")
+    finetune.clear_checkpoints(folder)
+    assert (folder / "keep.txt").read_text() == "user data"
+    ckpt = tmp_path / "ckpt"
+    assert finetune.resume_point(ckpt, "fp", True, "sft") is None  # made here, with its marker
+    (ckpt / "checkpoint-1").mkdir()
+    finetune.clear_checkpoints(ckpt)
+    assert not ckpt.exists()
+    (ckpt).mkdir()
+    (ckpt / finetune.FINGERPRINT_FILE).write_text("{not json")  # a corrupt marker: a mismatch, no crash
+    assert finetune.resume_point(ckpt, "fp", True, "sft") is None

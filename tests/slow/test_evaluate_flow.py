@@ -30,6 +30,7 @@ def test_evaluation_flow_evaluates_a_model_and_logs_a_run(tmp_path, monkeypatch)
 
     # No log shipping to the temporary server: it is gone by interpreter exit, and retries stall it.
     monkeypatch.setenv("PREFECT_LOGGING_TO_API_ENABLED", "false")
+    monkeypatch.chdir(tmp_path)  # the checkout: stage paths must lie inside it
 
     from components import data
     from components import model as model_stage

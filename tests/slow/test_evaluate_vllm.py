@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 VLLM_PYTHON = ".venv-vllm/bin/python"
 
 
-def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys):
+def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys, monkeypatch):
     if not (vllm_importable() or resolve_vllm_python(VLLM_PYTHON)):
         if os.environ.get("CI"):
             pytest.fail("CI must provide vLLM for this test: run `make venv-vllm` before the tests")
@@ -34,6 +34,7 @@ def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys):
     from components import model as model_stage
     from components.modelio import save_model
 
+    monkeypatch.chdir(tmp_path)  # the checkout: stage paths must lie inside it
     data.run(DataConfig(output_dir=str(tmp_path / "data"), synthetic_train_size=60, synthetic_test_size=24))
     # head_dim 32: vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, ...
     cfg = ModelConfig(
