@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from components.errors import ConfigError, InputError
-from components.files import tree_digest, write_json
+from components.files import md5_file, tree_digest, write_json
+from components.tracking import package_versions
 
 log = logging.getLogger("grpoflow.finetune")
 
@@ -103,8 +104,31 @@ def lora_config(section: str, lora: dict[str, Any]):
 # --------------------------------------------------------------------------- checkpoints
 
 
-def fingerprint(settings: dict[str, Any], inputs: Iterable[str | os.PathLike]) -> str:
-    blob = json.dumps(settings, sort_keys=True, default=str)
+TRAINING_LIBRARIES = ("torch", "transformers", "trl")
+
+
+def code_md5s(stage: str) -> dict[str, str]:
+    """md5 of each Python file among the stage's dvc.yaml deps (the stage's code: the stage runs
+    from the repo root); without a dvc.yaml, of every module of this package."""
+    import yaml
+
+    deps: list[str] = []
+    if Path("dvc.yaml").is_file():
+        entry = ((yaml.safe_load(Path("dvc.yaml").read_text()) or {}).get("stages") or {}).get(stage) or {}
+        deps = [d for d in entry.get("deps") or [] if isinstance(d, str) and d.endswith(".py") and Path(d).is_file()]
+    if not deps:
+        deps = sorted(str(p) for p in Path(__file__).parent.glob("*.py"))
+    return {d: md5_file(d) for d in deps}
+
+
+def fingerprint(stage: str, settings: dict[str, Any], inputs: Iterable[str | os.PathLike]) -> str:
+    """What makes a checkpoint resumable: the training settings, the input files (model, data), the
+    stage's code and the versions of the training libraries."""
+    blob = json.dumps(
+        {"settings": settings, "code": code_md5s(stage), "libraries": package_versions(TRAINING_LIBRARIES)},
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256((blob + tree_digest(inputs)).encode()).hexdigest()
 
 

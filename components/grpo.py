@@ -122,7 +122,7 @@ def run(params: Params) -> Path:
             "gold": [r["gold"] for r in rows],  # the rewards read this column
         }
     )
-    fp = finetune.fingerprint(training_settings(params), [data_dir / "train.jsonl", cfg.init_dir])
+    fp = finetune.fingerprint(STAGE, training_settings(params), [data_dir / "train.jsonl", cfg.init_dir])
     checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, STAGE)
 
     with finetune.tracked(STAGE, params, args):

@@ -109,7 +109,7 @@ def run(params: Params) -> Path:
 
     model, tokenizer = modelio.load_model_and_tokenizer(params.model.base_dir, params.model)
     dataset, counts = build_demos(rows, tokenizer, cfg)
-    fp = finetune.fingerprint(training_settings(params), [data_dir / "train.jsonl", params.model.base_dir])
+    fp = finetune.fingerprint(STAGE, training_settings(params), [data_dir / "train.jsonl", params.model.base_dir])
     checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, STAGE)
 
     with finetune.tracked(STAGE, params, args):

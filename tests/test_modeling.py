@@ -220,14 +220,37 @@ def test_resume_point(tmp_path, caplog):
     assert finetune.resume_point(d, "fp2", False, "grpo") is None and not list(d.glob("checkpoint-*"))
 
 
-def test_fingerprint_follows_settings_and_input_files(tmp_path):
+def test_fingerprint_follows_settings_and_input_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     f = tmp_path / "train.jsonl"
     f.write_text("a\n")
-    one = finetune.fingerprint({"lr": 1}, [f])
-    assert one == finetune.fingerprint({"lr": 1}, [f])
-    assert one != finetune.fingerprint({"lr": 2}, [f])
+    one = finetune.fingerprint("sft", {"lr": 1}, [f])
+    assert one == finetune.fingerprint("sft", {"lr": 1}, [f])
+    assert one != finetune.fingerprint("sft", {"lr": 2}, [f])
     f.write_text("b\n")
-    assert one != finetune.fingerprint({"lr": 1}, [f])
+    assert one != finetune.fingerprint("sft", {"lr": 1}, [f])
+
+
+def test_fingerprint_follows_the_stage_code_and_library_versions(tmp_path, monkeypatch):
+    """A checkpoint made by other code (the stage's dvc.yaml deps) or another torch/transformers/trl
+    is not resumed: its optimizer state and model may not mean the same thing."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "components").mkdir()
+    code = tmp_path / "components" / "sft.py"
+    code.write_text("x = 1\n")
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  sft:\n    cmd: python -m components.sft\n    deps:\n      - components/sft.py\n      - data.jsonl\n"
+    )
+    base = finetune.fingerprint("sft", {"lr": 1}, [])
+    assert finetune.code_md5s("sft") == {"components/sft.py": finetune.md5_file(code)}
+    code.write_text("x = 2\n")
+    changed = finetune.fingerprint("sft", {"lr": 1}, [])
+    assert changed != base
+    import components.tracking as tracking
+
+    real = tracking.package_versions
+    monkeypatch.setattr(finetune, "package_versions", lambda names: {**real(names), "trl": "0.0.1"})
+    assert finetune.fingerprint("sft", {"lr": 1}, []) != changed
 
 
 def test_read_split_names_file_and_line(tmp_path):
