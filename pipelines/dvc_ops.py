@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from components.tracking import PARENT_ENV
+from pipelines.guard import GROUP_FILE_ENV
 from pipelines.runtime import TELEMETRY_OFF
 
+STAGE_GROUP_FILE = ".dvc/tmp/grpoflow-stage.group"  # the process group of the running dvc command
 # DVC's messages for contention with another DVC process: worth a retry.
 TRANSIENT_MARKERS = ("Unable to acquire lock", "is busy", "database is locked")
 
@@ -101,8 +103,12 @@ def stage_env(parent_run_id: str | None, tracking_uri: str) -> dict[str, str]:
 
 
 def run_dvc(args: list[str], root: str | os.PathLike, env: dict[str, str]) -> tuple[int, str]:
-    """Run `dvc ARGS`, streaming its output (progress bars included); returns (rc, output tail)."""
-    cmd = [sys.executable, "-m", "dvc", *args]
+    """Run `dvc ARGS`, streaming its output (progress bars included); returns (rc, output tail).
+
+    DVC runs under pipelines/guard.py: in a process group of its own that is stopped when this
+    process dies, however it dies, and recorded in STAGE_GROUP_FILE for the next run."""
+    cmd = [sys.executable, "-m", "pipelines.guard", sys.executable, "-m", "dvc", *args]
+    env = {**env, GROUP_FILE_ENV: str(Path(root) / STAGE_GROUP_FILE)}
     tail: collections.deque[str] = collections.deque(maxlen=60)
     try:
         proc = subprocess.Popen(cmd, cwd=str(root), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

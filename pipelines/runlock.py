@@ -2,7 +2,8 @@
 
 A second run waits up to `tracking.run_lock_timeout` seconds, then fails naming the holder
 (pid, host, start time). The lock is an flock: it is released when its holder exits, however
-it exits.
+it exits. Its stage processes die with it (pipelines/guard.py); a group that outlived its guard
+is stopped by the next run once it holds the lock.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from pipelines.dvc_ops import STAGE_GROUP_FILE
+from pipelines.guard import stop_orphans
 
 LOCK_FILE = ".dvc/tmp/grpoflow-pipeline.lock"
 
@@ -56,6 +60,9 @@ def pipeline_lock(root: str | os.PathLike, timeout: float | None = None) -> Iter
         fh.truncate()
         fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
         fh.flush()
+        stopped = stop_orphans(Path(root) / STAGE_GROUP_FILE, root)
+        if stopped:
+            print(f"stopped the stage processes {stopped} left running by a killed pipeline run", flush=True)
         yield
     finally:
         fh.close()  # releases the flock

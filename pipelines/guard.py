@@ -1,0 +1,134 @@
+"""Run a command in a process group of its own that dies with the process that started it.
+
+    python -m pipelines.guard COMMAND [ARGS...]
+
+The flow runs every `dvc` command through this guard. A flow killed with SIGKILL gets no chance
+to stop its children, and a `dvc repro` left running would hold DVC's lock and keep writing the
+stage's checkpoints under the next run. The guard does it for the flow: Linux signals the guard
+when its parent dies (PR_SET_PDEATHSIG), and the guard then stops the command's whole process
+group (DVC and the stage command DVC started): SIGTERM, then SIGKILL after a grace period. The
+same happens when the guard itself gets SIGTERM, SIGINT or SIGHUP (Ctrl-C in the terminal).
+
+With GRPOFLOW_STAGE_GROUP_FILE set, the guard records the group there while the command runs, so
+that a later run can find and stop a group whose guard was killed too (`stop_orphans`).
+Only the standard library is used. Exit code: the command's (128 + signal when stopped).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GROUP_FILE_ENV = "GRPOFLOW_STAGE_GROUP_FILE"
+GRACE_S = 10.0
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Ask Linux to send `sig` to this process when its parent dies; False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid` (field 22 of /proc/PID/stat), to tell a reused pid apart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()[19]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live processes in process group `pgid` (from /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+def stop_group(pgid: int, grace: float = GRACE_S) -> None:
+    """SIGTERM to every process of the group, then SIGKILL to what is left after `grace` seconds."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def stop_orphans(group_file: str | os.PathLike, cwd: str | os.PathLike) -> list[int]:
+    """Stop the group a killed run left behind (recorded in `group_file`, its processes working in
+    `cwd`); returns the pids that were stopped. Called with the checkout's lock held."""
+    path = Path(group_file)
+    try:
+        pgid_text, started = path.read_text().split()
+        pgid = int(pgid_text)
+    except (OSError, ValueError):
+        return []
+    root = os.path.realpath(cwd)
+    ours = []
+    for pid in group_members(pgid):
+        try:
+            here = os.path.realpath(os.readlink(f"/proc/{pid}/cwd"))
+        except OSError:
+            continue
+        same_leader = pid != pgid or _start_time(pid) == started
+        if same_leader and (here == root or here.startswith(root + os.sep)):
+            ours.append(pid)
+    if ours:
+        stop_group(pgid)
+    path.unlink(missing_ok=True)
+    return ours
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print("usage: python -m pipelines.guard COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    parent = os.getppid()
+    die_with_parent(signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        return 128 + signal.SIGTERM
+    proc = subprocess.Popen(argv, start_new_session=True)
+    group_file = os.environ.get(GROUP_FILE_ENV)
+    if group_file:
+        Path(group_file).write_text(f"{proc.pid} {_start_time(proc.pid)}\n")
+
+    def stop(signum, frame):
+        stop_group(proc.pid)
+        if group_file:
+            Path(group_file).unlink(missing_ok=True)
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
+    rc = proc.wait()
+    if group_file:
+        Path(group_file).unlink(missing_ok=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

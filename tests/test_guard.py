@@ -1,0 +1,80 @@
+"""pipelines/guard.py: a stage command dies with the flow that started it, even under kill -9, and a
+group that outlived its guard is stopped by the next run (not an unrelated one)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.guard import group_members, stop_orphans
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
+
+
+def wait_until(condition, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return condition()
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_guarded_command_dies_when_its_parent_is_killed(tmp_path):
+    group_file = tmp_path / "group"
+    # A stand-in for the flow: starts `sleep` (a stand-in for dvc + the stage) through the guard.
+    flow = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import os, subprocess, sys, time
+            env = {{**os.environ, "GRPOFLOW_STAGE_GROUP_FILE": {str(group_file)!r}}}
+            subprocess.Popen([sys.executable, "-m", "pipelines.guard", "sh", "-c", "sleep 300 & sleep 300; wait"],
+                             env=env, cwd={str(REPO)!r})
+            time.sleep(300)
+            """)],
+        cwd=REPO,
+    )
+    assert wait_until(lambda: group_file.is_file() and len(group_members(int(group_file.read_text().split()[0]))) >= 3)
+    pgid = int(group_file.read_text().split()[0])
+    members = group_members(pgid)
+    os.kill(flow.pid, signal.SIGKILL)  # no chance to clean up
+    flow.wait()
+    assert wait_until(lambda: not any(alive(p) for p in members)), "the stage processes outlived the flow"
+    assert wait_until(lambda: not group_file.exists())
+
+
+def test_next_run_stops_an_orphaned_group_in_its_checkout_only(tmp_path):
+    ours, other = tmp_path / "checkout", tmp_path / "elsewhere"
+    ours.mkdir()
+    other.mkdir()
+    procs = [subprocess.Popen(["sleep", "300"], cwd=d, start_new_session=True) for d in (ours, other)]
+    try:
+        for proc, d in zip(procs, (ours, other), strict=True):
+            stat = Path(f"/proc/{proc.pid}/stat").read_text()
+            (d / "group").write_text(f"{proc.pid} {stat[stat.rindex(')') + 2:].split()[19]}\n")
+        assert stop_orphans(ours / "group", ours) == [procs[0].pid]
+        assert procs[0].wait(timeout=30) != 0 and not (ours / "group").exists()
+        # A recorded group whose processes work in another folder is not ours to stop.
+        assert stop_orphans(other / "group", ours) == [] and procs[1].poll() is None
+        # A record whose leader pid was reused by another process (other start time) is ignored too.
+        (ours / "group").write_text(f"{procs[1].pid} 1\n")
+        assert stop_orphans(ours / "group", other) == [] and procs[1].poll() is None
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
