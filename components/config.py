@@ -405,6 +405,12 @@ class RegisterConfig:
         ge=0.0,
         le=1.0,
     )
+    min_items: int = _f(
+        100,
+        "Promotion gate: fewer items shared by challenger and champion than this means no promotion "
+        "(too few to tell them apart).",
+        ge=1,
+    )
 
 
 @dataclass

@@ -2,12 +2,21 @@
 `promote` step), and the manual moves `grpoflow promote` and `grpoflow rollback`.
 
 `gate()` is the promotion step. `champion` moves to the challenger only if there is no
-champion yet, or if on the evaluation items both were scored on (paired by item id) the
-challenger's accuracy beats the champion's by more than zero and at least
-`register.min_delta`, with an exact McNemar p-value below `register.alpha`. The numbers
-and the decision are written as version tags (`promotion.*`) and printed. Tags are
+champion yet, or if on the same evaluation items (paired by item id, at least
+`register.min_items` of them) the challenger's accuracy beats the champion's by more than zero
+and at least `register.min_delta`, with an exact McNemar p-value below `register.alpha`.
+
+Like with like: each version carries what it was evaluated on (`eval.test_sha256` over the
+items' id, question and gold, `eval.protocol`, `eval.max_new_tokens`). When the champion's
+differ from the challenger's (another `data.seed`, test size, source, protocol or token
+budget), the gate first re-evaluates the champion, downloaded from the registry, on the
+challenger's items with the challenger's settings, then compares; `promotion.test_sha256`,
+`promotion.n` and `promotion.champion_reevaluated` record what it compared.
+
+The numbers and the decision are written as version tags (`promotion.*`) and printed. Tags are
 written before the alias moves and `promotion.decision` last, so an interrupted gate is
-completed by the next run instead of leaving a half-written state.
+completed by the next run instead of leaving a half-written state; the alias moves only if the
+champion read at the start is still the champion just before the move.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from components.registry import (
     CHALLENGER,
     CHAMPION,
     DECISION_TAG,
+    EVAL_KEYS,
     ITEMS_TAG,
     PREVIOUS_TAG,
     REASON_TAG,
@@ -61,19 +71,21 @@ def _download_items(uri: str) -> dict[str, bool]:
 
 
 def compare_with_champion(
-    challenger: dict[str, bool], champion: dict[str, bool], alpha: float, min_delta: float
+    challenger: dict[str, bool], champion: dict[str, bool], alpha: float, min_delta: float, min_items: int = 1
 ) -> tuple[bool, dict[str, Any]]:
     """Paired comparison on the shared items; (promote?, numbers).
 
     >>> ok, n = compare_with_champion({str(i): i < 60 for i in range(100)}, {str(i): i < 40 for i in range(100)}, 0.05, 0.0)
     >>> ok, n["delta"], n["b"], n["c"], n["p_value"] < 1e-5
     (True, 0.2, 20, 0, True)
+    >>> compare_with_champion({str(i): i < 60 for i in range(100)}, {str(i): i < 40 for i in range(100)}, 0.05, 0.0, 200)[0]
+    False
     """
     from components.stats import compare_paired
 
     shared = sorted(set(challenger) & set(champion))
     if not shared:
-        return False, {"n": 0}
+        return False, {"n": 0, "min_items": min_items}
     res = compare_paired([challenger[i] for i in shared], [champion[i] for i in shared])
     numbers = {
         "n": res["n"],
@@ -86,8 +98,9 @@ def compare_with_champion(
         "c": res["c"],
         "alpha": alpha,
         "min_delta": min_delta,
+        "min_items": min_items,
     }
-    ok = res["delta"] > 0 and res["delta"] >= min_delta and res["p_value"] < alpha
+    ok = res["n"] >= min_items and res["delta"] > 0 and res["delta"] >= min_delta and res["p_value"] < alpha
     return ok, numbers
 
 
@@ -95,6 +108,8 @@ def _reason(version: str, champion: str, ok: bool, x: dict[str, Any]) -> str:
     if x.get("n", 0) == 0:
         return f"v{version} and champion v{champion} share no evaluation items: not comparable, champion kept"
     verdict = []
+    if x["n"] < x.get("min_items", 1):
+        verdict.append(f"only {x['n']} shared items, fewer than register.min_items {x['min_items']}")
     if x["delta"] <= 0:
         verdict.append("not more accurate")
     elif x["delta"] < x["min_delta"]:
@@ -112,16 +127,60 @@ def _reason(version: str, champion: str, ok: bool, x: dict[str, Any]) -> str:
     return f"{head}: {', '.join(verdict)}; champion v{champion} kept"
 
 
+def _tag_value(value: Any) -> str:
+    """Version tags as people read them: strings as they are, booleans as true/false, the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
 def _write_decision(client, name: str, version: str, decision: Decision, move_alias: bool) -> None:
-    """Numbers and reason first, then the alias, then the decision tag (the commit marker)."""
+    """Numbers and reason first, then the alias, then the decision tag (the commit marker). The alias
+    moves only if the champion is still the one the decision was made against."""
     for key, value in decision.numbers.items():
-        client.set_model_version_tag(name, version, f"promotion.{key}", json.dumps(value))
+        client.set_model_version_tag(name, version, f"promotion.{key}", _tag_value(value))
     client.set_model_version_tag(name, version, REASON_TAG, decision.reason)
     if move_alias:
+        now = alias_version(client, name, CHAMPION)
+        if (now.version if now else None) != decision.champion_before:
+            raise RegistryError(
+                f"{name}: the champion moved from v{decision.champion_before} to v{now.version if now else None} "
+                f"while the gate compared v{version} against it; not promoted. Run the pipeline again to "
+                "compare against the new champion."
+            )
         if decision.champion_before and decision.champion_before != version:
             client.set_model_version_tag(name, version, PREVIOUS_TAG, decision.champion_before)
         client.set_registered_model_alias(name, CHAMPION, version)
     client.set_model_version_tag(name, version, DECISION_TAG, decision.decision)
+
+
+def eval_settings(tags: dict[str, str]) -> dict[str, str | None]:
+    """What a version was evaluated on (`eval.*` tags); None for what it does not record."""
+    return {k: tags.get(f"eval.{k}") for k in EVAL_KEYS}
+
+
+def reevaluate(params: Any, name: str, version: str, root: Path, test_sha256: str | None) -> dict[str, bool]:
+    """Evaluate registered `version` on the challenger's items with the challenger's settings
+    (`params.evaluate`); {item id: correct}."""
+    from components.modelio import resolve_model
+    from components.scoring import data_source, evaluate_model
+    from components.sources import load_problems, problems_sha256
+
+    cfg = params.evaluate
+    data = data_source(params)
+    if data.startswith("jsonl:") and not os.path.isabs(data[6:]):
+        data = f"jsonl:{root / data[6:]}"
+    problems = load_problems(data, cfg.limit)
+    if test_sha256 and problems_sha256(problems) != test_sha256:
+        raise RegistryError(
+            f"{data}: these are not the items the challenger was evaluated on (eval.test_sha256 {test_sha256}); "
+            "the test split changed after the evaluate stage ran: run the pipeline again"
+        )
+    print(f"promotion: re-evaluating champion {name} v{version} on the challenger's {len(problems)} items", flush=True)
+    with tempfile.TemporaryDirectory(prefix="grpoflow-champion-") as tmp:
+        model = resolve_model(f"models:/{name}/{version}", download_dir=tmp, params=params)
+        _, items = evaluate_model(model, problems, params, protocol=cfg.protocol, backend=cfg.backend, data=data)
+    return {str(i["id"]): i["correct"] for i in items}
 
 
 def gate(params: Any, registration: Registration, root: str | os.PathLike | None = None) -> Decision:
@@ -146,19 +205,17 @@ def gate(params: Any, registration: Registration, root: str | os.PathLike | None
         client.set_model_version_tag(name, version, DECISION_TAG, decision.decision)
         return decision
     challenger_items = read_items(items_path(params, root))
-    uri = champion.tags.get(ITEMS_TAG)
-    if not uri:
-        decision = Decision(
-            name, version, "rejected",
-            f"champion v{champion.version} has no '{ITEMS_TAG}' tag, so no paired comparison is possible; "
-            f"champion kept (force with: grpoflow promote {name} {version} --reason TEXT)",
-            champion.version,
-        )
-        _write_decision(client, name, version, decision, move_alias=False)
-        return decision
-    ok, numbers = compare_with_champion(
-        challenger_items, _download_items(uri), params.register.alpha, params.register.min_delta
-    )
+    ours, theirs = eval_settings(mv.tags), eval_settings(champion.tags)
+    reevaluated = ours != theirs or None in theirs.values() or not champion.tags.get(ITEMS_TAG)
+    if reevaluated:
+        champion_items = reevaluate(params, name, champion.version, root, ours["test_sha256"])
+        if registration.run_id:  # the pipeline run keeps what the champion scored
+            client.log_dict(registration.run_id, champion_items, f"promotion/champion_v{champion.version}_items.json")
+    else:
+        champion_items = _download_items(champion.tags[ITEMS_TAG])
+    reg = params.register
+    ok, numbers = compare_with_champion(challenger_items, champion_items, reg.alpha, reg.min_delta, reg.min_items)
+    numbers.update(test_sha256=ours["test_sha256"] or "unknown", champion_reevaluated=reevaluated)
     decision = Decision(
         name, version, "promoted" if ok else "rejected",
         _reason(version, champion.version, ok, numbers), champion.version, numbers,

@@ -30,6 +30,8 @@ CHALLENGER = "challenger"
 LINEAGE = "lineage."
 LOCK_TAG = f"{LINEAGE}dvc_lock_md5"  # the idempotency key: one version per dvc.lock
 ITEMS_TAG = "eval.items_uri"
+# What the version was evaluated on: the gate compares two versions directly only when these match.
+EVAL_KEYS = ("test_sha256", "protocol", "max_new_tokens")
 DECISION_TAG = "promotion.decision"
 REASON_TAG = "promotion.reason"
 PREVIOUS_TAG = "promotion.previous_champion"
@@ -201,9 +203,11 @@ def register(params: Any, lineage: dict[str, str], run_id: str, root: str | os.P
         )
         mlflow.log_artifacts(str(eval_dir), EVAL_ARTIFACTS)
     run = client.get_run(run_id)
+    evaluated = metrics.get(params.register.model_stage, {})
     tags = {
         **{k: str(v) for k, v in lineage.items()},
         **metric_tags(metrics),
+        **{f"eval.{k}": str(evaluated[k]) for k in EVAL_KEYS if k in evaluated},
         ITEMS_TAG: f"{run.info.artifact_uri.rstrip('/')}/{EVAL_ARTIFACTS}/{items.name}",
         f"{LINEAGE}model_stage": params.register.model_stage,
         f"{LINEAGE}pipeline_run_id": run_id,

@@ -18,7 +18,7 @@ from components import gsm8k, lm_eval_gsm8k
 from components.errors import EvaluationError
 from components.generation import Generation, GenerationSettings, generate
 from components.modelio import ResolvedModel, load_tokenizer
-from components.sources import load_problems
+from components.sources import load_problems, problems_sha256
 from components.stats import compare_paired, wilson_interval
 
 log = logging.getLogger("grpoflow.scoring")
@@ -191,6 +191,7 @@ def evaluate_model(
         "dtype": gen.details.get("dtype"),
         "model": model.spec,
         "data": data,
+        "test_sha256": problems_sha256(problems),  # which items: the promotion gate compares like with like
     }
     if gen.details.get("vllm_version"):
         metrics["vllm_version"] = gen.details["vllm_version"]

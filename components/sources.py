@@ -15,6 +15,8 @@ Source strings (params `data.train_source`, `data.test_source`, `evaluate.data`)
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -161,6 +163,18 @@ def load_problems(source: str, limit: int = 0, split: str = "test") -> list[dict
         dup = next(i for i in ids if ids.count(i) > 1)
         raise DataError(f"{source}: id {dup!r} appears more than once; items are paired by id")
     return rows
+
+
+def problems_sha256(problems: list[dict[str, str]]) -> str:
+    """sha256 over the problems' id, question and gold, in order: which items an evaluation scored.
+
+    >>> problems_sha256([{"id": "t-1", "question": "1 + 1?", "gold": "2"}])[:12]
+    'a61cdd5028cd'
+    """
+    h = hashlib.sha256()
+    for p in problems:
+        h.update(json.dumps([p["id"], p["question"], p["gold"]], ensure_ascii=False).encode() + b"\n")
+    return h.hexdigest()
 
 
 def read_split(path: str | os.PathLike, limit: int | None = None) -> list[dict[str, str]]:

@@ -53,11 +53,11 @@ def format_summary(s: dict[str, Any], ui: str = "http://127.0.0.1:5000") -> str:
         if keys:
             lines.append(f"  eval {model:<6} " + "  ".join(f"{k}={m[k]:.4g}" for k in keys))
     reg, dec = s.get("registration"), s.get("decision")
-    if reg:
+    if reg and "skipped" not in reg:
         what = "registered" if reg["created"] else "already registered (dvc.lock unchanged), no new version"
         lines.append(f"  model: {reg['name']} v{reg['version']} {what}")
     else:
-        lines.append("  model: not registered (register.enabled is false)")
+        lines.append(f"  model: not registered ({(reg or {}).get('skipped', 'register.enabled is false')})")
     if dec:
         lines.append(f"  promotion: {dec['decision']} — {dec['reason']}")
     lines.append(f"  mlflow: {s['tracking_uri']} run {s['run_id']}")

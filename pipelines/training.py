@@ -129,10 +129,13 @@ def record_lineage(run: PipelineRun, stages: list[dict[str, Any]], params: Any) 
 
 
 @task(name="register", cache_policy=NO_CACHE)
-def register_model(params: Any, lineage_tags: dict[str, str], run: PipelineRun) -> dict[str, Any] | None:
-    """A new model version (once per dvc.lock), aliased challenger; None when register.enabled is false."""
+def register_model(params: Any, lineage_tags: dict[str, str], pushed: str, run: PipelineRun) -> dict[str, Any]:
+    """A new model version (once per dvc.lock), aliased challenger; not when registration is off or
+    `dvc push` failed (a version whose outputs are not in the remote could not be restored)."""
     if not params.register.enabled:
-        return None
+        return {"skipped": "register.enabled is false"}
+    if pushed.startswith("failed"):
+        return {"skipped": f"dvc push failed, so the outputs are not in the remote ({pushed})"}
     from components.promotion import as_dict
     from components.registry import register
 
@@ -140,9 +143,9 @@ def register_model(params: Any, lineage_tags: dict[str, str], run: PipelineRun) 
 
 
 @task(name="promote", cache_policy=NO_CACHE)
-def promote_model(params: Any, registration: dict[str, Any] | None, run: PipelineRun) -> dict[str, Any] | None:
+def promote_model(params: Any, registration: dict[str, Any], run: PipelineRun) -> dict[str, Any] | None:
     """The promotion gate: champion moves to the new version only if it is significantly better."""
-    if registration is None:
+    if "skipped" in registration:
         return None
     from components.promotion import as_dict, gate, print_decision
     from components.registry import Registration
@@ -171,6 +174,6 @@ def training_pipeline(repo: str | None = None, overrides: list[str] | None = Non
                     stages.append(run_stage.with_options(name=stage, task_run_name=stage)(stage, run))
             pushed = dvc_push(run)
             lineage_tags = record_lineage(run, stages, params)
-            registration = register_model(params, lineage_tags, run)
+            registration = register_model(params, lineage_tags, pushed, run)
             decision = promote_model(params, registration, run)
             return summary(run, params, stages, pulled, pushed, registration, decision)

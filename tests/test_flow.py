@@ -232,3 +232,22 @@ def test_rejected_nested_override_leaves_params_yaml_byte_identical(tmp_path):
         with pytest.raises(ConfigError):
             write_overrides(p, bad)
         assert p.read_bytes() == original, bad
+
+
+def test_no_registration_when_dvc_push_failed(toy):
+    """A version whose outputs never reached the remote could not be restored: not registered."""
+    import mlflow
+
+    remote = toy.parent / "dvc-remote"
+    if remote.is_dir():
+        import shutil
+
+        shutil.rmtree(remote)
+    remote.write_text("not a folder: every push fails\n")
+    s = training_pipeline(repo=str(toy))
+    assert s["push"].startswith("failed")
+    assert "dvc push failed" in s["registration"]["skipped"] and s["decision"] is None
+    assert mlflow.MlflowClient().search_model_versions("name = 'grpoflow-policy'") == []
+    from pipelines.summary import format_summary
+
+    assert "model: not registered (dvc push failed" in format_summary(s)

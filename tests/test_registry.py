@@ -26,6 +26,9 @@ def tiny_model(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
+EVALUATED_ON = {"test_sha256": "f" * 64, "protocol": "grpoflow", "max_new_tokens": 256}
+
+
 def write_eval(root: Path, correct: list[bool], accuracy_key: str = "accuracy_strict") -> None:
     ev = root / "reports" / "eval"
     ev.mkdir(parents=True, exist_ok=True)
@@ -33,7 +36,7 @@ def write_eval(root: Path, correct: list[bool], accuracy_key: str = "accuracy_st
         for i, c in enumerate(correct):
             fh.write(json.dumps({"id": f"q{i}", "completion": "x", "extracted": "1", "correct": c}) + "\n")
     acc = sum(correct) / len(correct)
-    (ev / "grpo.json").write_text(json.dumps({accuracy_key: acc, "n": len(correct)}))
+    (ev / "grpo.json").write_text(json.dumps({accuracy_key: acc, "n": len(correct), **EVALUATED_ON}))
     (ev / "sft.json").write_text(json.dumps({accuracy_key: 0.1, "n": len(correct)}))
 
 
@@ -108,6 +111,9 @@ def test_gate_rejects_no_better_challenger_and_promotes_a_better_one(repo):
     assert tags[DECISION_TAG] == "rejected"
     assert "not more accurate" in tags["promotion.reason"] and "champion v1 kept" in tags["promotion.reason"]
     assert json.loads(tags["promotion.p_value"]) == 1.0
+    assert tags["eval.test_sha256"] == "f" * 64 and tags["eval.protocol"] == "grpoflow"
+    assert tags["promotion.champion_reevaluated"] == "false" and tags["promotion.n"] == "200"
+    assert tags["promotion.test_sha256"] == tags["eval.test_sha256"]
     assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "1"
     assert str(client.get_model_version_by_alias("grpoflow-policy", CHALLENGER).version) == "2"
 
@@ -174,7 +180,7 @@ def test_gate_rule(chal, champ, alpha, min_delta, expected):
 
 def test_gate_pairs_by_item_id_only():
     ok, numbers = compare_with_champion({"a": True, "b": True}, {"c": False}, 0.05, 0.0)
-    assert not ok and numbers == {"n": 0}
+    assert not ok and numbers["n"] == 0
 
 
 def test_bad_items_file_names_file_and_line(tmp_path):
@@ -192,3 +198,80 @@ def test_register_without_model_fails_clearly(repo):
     write_eval(repo, [True, False])
     with pytest.raises(RegistryError, match="config.json missing"):
         register(params, lineage("4" * 32), new_run(params), repo)
+
+
+def test_gate_needs_min_items_shared():
+    ok, numbers = compare_with_champion({str(i): i < 60 for i in range(99)}, {str(i): False for i in range(99)},
+                                        0.05, 0.0, min_items=100)
+    assert not ok and numbers["n"] == 99 and numbers["p_value"] < 1e-10
+
+
+def test_alias_moves_only_if_the_champion_is_unchanged(repo, monkeypatch):
+    """Two gates at once: if another promotion lands between reading the champion and moving the
+    alias, this one aborts instead of overwriting it."""
+    import mlflow
+
+    from components import promotion
+
+    params = load_params()
+    configure(params)
+    client = mlflow.MlflowClient()
+    write_eval(repo, [i < 40 for i in range(100)])
+    gate(params, register(params, lineage("7" * 32), new_run(params), repo), repo)  # v1 champion
+    write_eval(repo, [i < 41 for i in range(100)])
+    register(params, lineage("8" * 32), new_run(params), repo)  # v2, not gated yet
+    write_eval(repo, [i < 90 for i in range(100)])
+    v3 = register(params, lineage("9" * 32), new_run(params), repo)
+    real_download = promotion._download_items
+
+    def download_while_someone_promotes(uri):
+        force_promote(params, "grpoflow-policy", "2", "a colleague, meanwhile")
+        return real_download(uri)
+
+    monkeypatch.setattr(promotion, "_download_items", download_while_someone_promotes)
+    with pytest.raises(RegistryError, match=r"champion moved from v1 to v2 .*not promoted"):
+        gate(params, v3, repo)
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "2"
+    assert DECISION_TAG not in client.get_model_version("grpoflow-policy", "3").tags  # the next run decides
+
+
+def test_gate_reevaluates_a_champion_evaluated_on_other_items(repo, monkeypatch):
+    """After a change of data.seed the champion's items are other questions under the same ids: the
+    gate evaluates the champion on the challenger's items before the paired test."""
+    import mlflow
+
+    from components import data
+    from components.config import DataConfig
+    from components.modelio import resolve_model
+    from components.reports import write_reports
+    from components.scoring import data_source, evaluate_model
+    from components.sources import load_problems
+
+    client = mlflow.MlflowClient()
+    small = ["evaluate.backend=transformers", "evaluate.max_new_tokens=8", "register.min_items=5"]
+
+    def evaluate_and_register(seed: int, md5: str):
+        data.run(DataConfig(synthetic_train_size=20, synthetic_test_size=12, seed=seed))
+        params = load_params(None, [*small, f"data.seed={seed}"])
+        problems = load_problems(data_source(params))
+        result = evaluate_model(resolve_model("models/grpo"), problems, params, protocol="grpoflow",
+                                backend="transformers", data=data_source(params))
+        write_reports("reports/eval", {"grpo": result, "sft": result}, None)
+        reg = register(params, lineage(md5), new_run(params), repo)
+        return params, reg
+
+    params, v1 = evaluate_and_register(1, "a" * 32)
+    assert gate(params, v1, repo).decision == "promoted"
+    params, v2 = evaluate_and_register(2, "b" * 32)
+    tags1 = client.get_model_version("grpoflow-policy", "1").tags
+    tags2 = client.get_model_version("grpoflow-policy", "2").tags
+    assert tags1["eval.test_sha256"] != tags2["eval.test_sha256"]
+    decision = gate(params, v2, repo)
+    tags2 = client.get_model_version("grpoflow-policy", "2").tags
+    assert tags2["promotion.champion_reevaluated"] == "true"
+    assert tags2["promotion.test_sha256"] == tags2["eval.test_sha256"]
+    assert tags2["promotion.n"] == "12"
+    # The same weights on the same items: every pair agrees, nothing to promote.
+    assert decision.decision == "rejected" and decision.numbers["b"] == decision.numbers["c"] == 0
+    artifacts = [a.path for a in client.list_artifacts(v2.run_id, "promotion")]
+    assert artifacts == ["promotion/champion_v1_items.json"]

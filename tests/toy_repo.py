@@ -67,7 +67,12 @@ with stage_run(stage, load_params(), extra_params={"toy": cfg.get(stage, {})}):
             for i, c in zip(ids, correct):
                 fh.write(json.dumps({"id": i, "completion": "<answer>1</answer>", "extracted": "1", "correct": c}) + "\\n")
         acc = sum(correct) / len(correct)
-        json.dump({"accuracy_strict": acc, "format_rate": 1.0, "n": len(ids)}, open("reports/eval/grpo.json", "w"))
+        # What the real evaluate stage records: which items (sha256) with which settings.
+        import hashlib
+        evaluated_on = {"test_sha256": hashlib.sha256(open("data/processed/items.jsonl", "rb").read()).hexdigest(),
+                        "protocol": "grpoflow", "max_new_tokens": 256}
+        json.dump({"accuracy_strict": acc, "format_rate": 1.0, "n": len(ids), **evaluated_on},
+                  open("reports/eval/grpo.json", "w"))
         json.dump({"accuracy_strict": 0.1, "format_rate": 0.5, "n": len(ids)}, open("reports/eval/sft.json", "w"))
         mlflow.log_metric("accuracy_strict", acc)
 '''
