@@ -360,8 +360,9 @@ def write_outputs(root: Path, correct: list[bool], lock_text: str) -> None:
     with open(ev / "grpo.items.jsonl", "w") as fh:
         for i, c in enumerate(correct):
             fh.write(json.dumps({"id": f"q{i}", "completion": "x", "extracted": "1", "correct": c}) + "\n")
+    evaluated_on = {"test_sha256": "e" * 64, "protocol": "grpoflow", "max_new_tokens": 256}
     (ev / "grpo.json").write_text(
-        json.dumps({"accuracy_strict": sum(correct) / len(correct), "n": len(correct)})
+        json.dumps({"accuracy_strict": sum(correct) / len(correct), "n": len(correct), **evaluated_on})
     )
     (ev / "sft.json").write_text(json.dumps({"accuracy_strict": 0.1, "n": len(correct)}))
     (root / "dvc.lock").write_text(lock_text)
