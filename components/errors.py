@@ -8,6 +8,7 @@
       BackendError          a generation backend was asked for but cannot run here
       EvaluationError       bad input to an evaluation (data, model, settings)
       RegistryError         a registry operation cannot proceed
+      TrackingUnavailable   the MLflow tracking server does not answer (exit code 1)
 
 Only the standard library is imported here: every module can import it.
 """
@@ -41,3 +42,7 @@ class EvaluationError(GrpoflowError, RuntimeError):
 
 class RegistryError(GrpoflowError, RuntimeError):
     """A registry operation cannot proceed; the message says what to do."""
+
+
+class TrackingUnavailable(GrpoflowError, RuntimeError):
+    """The MLflow tracking server does not answer; the message names its URI and how to start one."""

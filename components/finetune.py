@@ -55,16 +55,39 @@ def device_defaults() -> dict[str, Any]:
     }
 
 
+_PLAIN_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,)}
+
+
 def _coerce_trainer_values(config_cls: type, section: str, trainer: dict[str, Any]) -> dict[str, Any]:
-    """YAML 1.1 reads `1e-5` as a string; turn such strings into numbers where TRL wants a float."""
-    hints = {f.name: str(f.type) for f in dataclasses.fields(config_cls)}
+    """Check values against the field's plain type (int, float, bool; optional or not), which TRL
+    does not; YAML 1.1 reads `1e-5` as a string, so such strings become numbers where TRL wants a float.
+
+    >>> from trl import SFTConfig
+    >>> _coerce_trainer_values(SFTConfig, "sft", {"learning_rate": "1e-5", "max_steps": 3})
+    {'learning_rate': 1e-05, 'max_steps': 3}
+    >>> _coerce_trainer_values(SFTConfig, "sft", {"max_steps": "x"})
+    Traceback (most recent call last):
+    ...
+    components.errors.ConfigError: sft.trainer.max_steps: expected int, got 'x'
+    """
+    hints = {
+        f.name: f.type.__name__ if isinstance(f.type, type) else str(f.type).replace("typing.", "")
+        for f in dataclasses.fields(config_cls)
+    }
     out = {}
     for key, value in trainer.items():
-        if isinstance(value, str) and "float" in hints.get(key, ""):
+        hint = hints.get(key, "")
+        optional = hint.startswith("Optional[") or hint.endswith("| None")
+        plain = hint.removeprefix("Optional[").removesuffix("]").removesuffix(" | None")
+        if isinstance(value, str) and plain == "float":
             try:
                 value = float(value)
             except ValueError:
                 raise ConfigError(f"{section}.trainer.{key}: expected a number, got {value!r}") from None
+        wanted = _PLAIN_TYPES.get(plain)
+        if wanted and not (value is None and optional):
+            if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
+                raise ConfigError(f"{section}.trainer.{key}: expected {plain}, got {value!r}")
         out[key] = value
     return out
 

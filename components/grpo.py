@@ -87,26 +87,33 @@ def _trainer_class():
     return Trainer
 
 
+def trainer_settings(params: Params) -> tuple[Any, Any]:
+    """(trl.GRPOConfig, peft.LoraConfig or None) from the params; a wrong key or value is a ConfigError
+    naming it. `grpoflow run` calls it before anything runs, the stage before it loads anything."""
+    from trl import GRPOConfig as TRLGRPOConfig
+
+    from components import finetune
+
+    cfg = params.grpo
+    if cfg.use_vllm and cfg.vllm_mode == "colocate" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "grpo.use_vllm: vLLM is not installed here; on a GPU machine install the `vllm` extra "
+            "(pip install -e '.[vllm]'), or set grpo.use_vllm=false"
+        )
+    args = finetune.build_trl_args(TRLGRPOConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir, **recipe(params))
+    return args, finetune.lora_config(STAGE, cfg.lora) if cfg.use_lora else None
+
+
 def run(params: Params) -> Path:
     """Train and write the GRPO model folder; returns its path."""
     from datasets import Dataset
-    from trl import GRPOConfig as TRLGRPOConfig
 
     from components import finetune, gsm8k, modelio
     from components.rewards import build_rewards
     from components.sources import read_split
 
     cfg, data_dir = params.grpo, Path(params.data.output_dir)
-    # Everything that can be wrong in the params fails here, before any data or model is loaded.
-    if cfg.use_vllm and cfg.vllm_mode == "colocate" and importlib.util.find_spec("vllm") is None:
-        raise ConfigError(
-            "grpo.use_vllm: vLLM is not installed here; on a GPU machine install the `vllm` extra "
-            "(pip install -e '.[vllm]'), or set grpo.use_vllm=false"
-        )
-    args = finetune.build_trl_args(
-        TRLGRPOConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir, **recipe(params)
-    )
-    peft_config = finetune.lora_config(STAGE, cfg.lora) if cfg.use_lora else None
+    args, peft_config = trainer_settings(params)  # fails before any data or model is loaded
     modelio.require_model_dir(cfg.init_dir, "SFT model", "sft")
     try:
         reward_funcs, _ = build_rewards(params.rewards)

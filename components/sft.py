@@ -90,19 +90,28 @@ def training_settings(params: Params) -> dict[str, Any]:
     return {"sft": cfg, "model.dtype": params.model.dtype}
 
 
+def trainer_settings(params: Params) -> tuple[Any, Any]:
+    """(trl.SFTConfig, peft.LoraConfig or None) from the params; a wrong key or value is a ConfigError
+    naming it. `grpoflow run` calls it before anything runs, the stage before it loads anything."""
+    from trl import SFTConfig as TRLSFTConfig
+
+    from components import finetune
+
+    cfg = params.sft
+    args = finetune.build_trl_args(TRLSFTConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir)
+    return args, finetune.lora_config(STAGE, cfg.lora) if cfg.use_lora else None
+
+
 def run(params: Params) -> Path:
     """Train and write the SFT model folder; returns its path."""
     import mlflow
-    from trl import SFTConfig as TRLSFTConfig
     from trl import SFTTrainer
 
     from components import finetune, modelio
     from components.sources import read_split
 
     cfg, data_dir = params.sft, Path(params.data.output_dir)
-    # Everything that can be wrong in the params fails here, before any data or model is loaded.
-    args = finetune.build_trl_args(TRLSFTConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir)
-    peft_config = finetune.lora_config(STAGE, cfg.lora) if cfg.use_lora else None
+    args, peft_config = trainer_settings(params)  # fails before any data or model is loaded
     modelio.require_model_dir(params.model.base_dir, "base model", "model")
     rows = read_split(data_dir / "train.jsonl")
     samples = read_split(data_dir / "test.jsonl", limit=cfg.sample_size) if cfg.sample_size else []

@@ -64,6 +64,38 @@ def resolve_tracking_uri(params: Any = None, base: str | os.PathLike | None = No
     return uri
 
 
+def check_reachable(uri: str, timeout: float = 10.0) -> None:
+    """Fail fast, naming the URI, when `uri` is an MLflow server that does not answer (MLflow's own
+    client would retry for minutes); local stores need no check."""
+    if _scheme(uri) not in ("http", "https"):
+        return
+    import urllib.error
+    import urllib.request
+
+    from components.errors import TrackingUnavailable
+
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
+            if resp.status < 500:
+                return
+            problem = f"answered HTTP {resp.status}"
+    except urllib.error.HTTPError as exc:
+        if exc.code < 500:  # e.g. 401 from an authenticating proxy: the server is there
+            return
+        problem = f"answered HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        problem = f"is not reachable ({getattr(exc, 'reason', exc)})"
+    raise TrackingUnavailable(
+        f"the MLflow tracking server at {uri} {problem}; start it (`mlflow server --port PORT`, or "
+        "`docker compose -f infra/compose.yaml up -d`) or point tracking.uri / MLFLOW_TRACKING_URI at one that runs"
+    )
+
+
+def ui_address(uri: str) -> str:
+    """Where a user opens the MLflow UI for `uri`: the server itself, or `grpoflow ui`'s default address."""
+    return uri.rstrip("/") if _scheme(uri) in ("http", "https") else "http://127.0.0.1:5000"
+
+
 def resolve_artifact_location(params: Any, uri: str, base: str | os.PathLike | None = None) -> str | None:
     """A file URI for new experiments on a local store; None lets a tracking server decide."""
     if _scheme(uri) not in _LOCAL_SCHEMES or params is None or not params.tracking.artifact_location:

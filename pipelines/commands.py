@@ -6,7 +6,9 @@
     grpoflow promote NAME VERSION --reason T    force the champion alias onto a version
     grpoflow rollback NAME                      the previous champion back
 
-Errors a user can act on (components/errors.py) are one line on stderr and exit code 2.
+Errors are one line on stderr, never a traceback: exit code 2 for input to fix (components/errors.py),
+1 for a service that does not answer or a stage/DVC/MLflow failure, 3 for a checkout held by another run.
+A tracking server that does not answer is found before any work starts.
 """
 
 from __future__ import annotations
@@ -20,39 +22,80 @@ from pathlib import Path
 from typing import Any
 
 from components.config import load_params, params_in
-from components.errors import GrpoflowError
-from components.tracking import repo_root
+from components.errors import GrpoflowError, TrackingUnavailable
+from components.tracking import check_reachable, repo_root, resolve_tracking_uri
 
 
-def _fail(exc: BaseException, code: int = 2) -> int:
-    print(f"error: {exc}", file=sys.stderr)
+def _fail(message: BaseException | str, code: int) -> int:
+    print(f"error: {message}", file=sys.stderr)
     return code
+
+
+def _external_error(exc: BaseException) -> str | None:
+    """One line for an error MLflow or DVC raised (their own types), else None."""
+    from dvc.exceptions import DvcException
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(exc, MlflowException):
+        return f"MLflow: {getattr(exc, 'message', exc)}"
+    if isinstance(exc, DvcException):
+        return f"DVC: {exc}"
+    return None
+
+
+def _one_line_errors(command: Callable[[], int]) -> int:
+    """Run a command; actionable and service errors become one line and an exit code."""
+    try:
+        return command()
+    except TrackingUnavailable as exc:
+        return _fail(exc, 1)
+    except GrpoflowError as exc:
+        return _fail(exc, 2)
+    except Exception as exc:
+        if (line := _external_error(exc)) is None:
+            raise  # a bug: the traceback is what helps
+        return _fail(line, 1)
+
+
+def _load_checked(args: argparse.Namespace, root: Path | None = None) -> Any:
+    """Params (file, -S overrides) and a tracking server that answers, or a GrpoflowError."""
+    params = load_params(params_in(root) if root else args.params, args.overrides)
+    check_reachable(resolve_tracking_uri(params, root))
+    return params
 
 
 def cli_run(args: argparse.Namespace) -> int:
     """`grpoflow run [-S section.key=value ...]`: run the flow here and print a summary."""
-    from pipelines.runtime import prefect_env_defaults, start_prefect_server
+    from pipelines.runtime import prefect_env_defaults
 
     prefect_env_defaults()
     root = repo_root()
     if args.params and Path(args.params).resolve() != (root / "params.yaml").resolve():
         return _fail("--params: the pipeline runs on the repo's params.yaml, which DVC tracks; "
-                     "use -S section.key=value to change values")
+                     "use -S section.key=value to change values", 2)
     if not (root / "dvc.yaml").is_file():
-        return _fail(f"{root}: no dvc.yaml here; run grpoflow from the repository")
-    try:
-        load_params(params_in(root), args.overrides)
-    except GrpoflowError as exc:
-        return _fail(exc)
+        return _fail(f"{root}: no dvc.yaml here; run grpoflow from the repository", 2)
+    return _one_line_errors(lambda: _run(args, root))
+
+
+def _run(args: argparse.Namespace, root: Path) -> int:
+    from pipelines.runtime import start_prefect_server
+
+    params = _load_checked(args, root)
     booting = start_prefect_server()
-    import dvc.repo  # noqa: F401
+    from components import grpo, sft
+
+    sft.trainer_settings(params)  # TRL's own checks of the trainer settings, before params.yaml changes
+    grpo.trainer_settings(params)
+    import dvc.repo  # noqa: F401  (imports overlap with the server's start-up)
     import mlflow  # noqa: F401
 
-    from pipelines.dvc_ops import StageFailed, TransientError
+    from pipelines.dvc_ops import StageFailed, TransientError, stage_order
     from pipelines.runlock import PipelineLocked
     from pipelines.summary import format_summary
     from pipelines.training import training_pipeline
 
+    stage_order(root)  # DVC reads dvc.yaml and dvc.lock: a broken one fails here, in one line
     if booting is not None:
         booting.join()
     try:
@@ -70,27 +113,26 @@ def cli_evaluate(args: argparse.Namespace) -> int:
     from pipelines.evaluation import evaluate_one
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        params = load_params(args.params, args.overrides)
+
+    def evaluate() -> int:
         metrics = evaluate_one(
-            params, args.model, data=args.data, protocol=args.protocol, backend=args.backend,
+            _load_checked(args), args.model, data=args.data, protocol=args.protocol, backend=args.backend,
             limit=args.limit, output=args.output,
         )
-    except GrpoflowError as exc:
-        return _fail(exc)
-    print(json.dumps(metrics, indent=2, sort_keys=True))
-    return 0
+        print(json.dumps(metrics, indent=2, sort_keys=True))
+        return 0
+
+    return _one_line_errors(evaluate)
 
 
 def _registry_command(args: argparse.Namespace, action: Callable[[Any], Any]) -> int:
     from components.promotion import print_decision
 
-    try:
-        decision = action(load_params(args.params, args.overrides))
-    except GrpoflowError as exc:
-        return _fail(exc)
-    print_decision(decision)
-    return 0
+    def move() -> int:
+        print_decision(action(_load_checked(args)))
+        return 0
+
+    return _one_line_errors(move)
 
 
 def cli_promote(args: argparse.Namespace) -> int:

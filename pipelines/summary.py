@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from components.reports import read_metrics
+from components.tracking import ui_address
 from pipelines.lineage import PipelineRun
 
 SUMMARY_KEYS = ("accuracy_strict", "accuracy_flexible", "format_rate", "n")
@@ -41,7 +42,7 @@ def summarize(
     }
 
 
-def format_summary(s: dict[str, Any], ui: str = "http://127.0.0.1:5000") -> str:
+def format_summary(s: dict[str, Any]) -> str:
     lines = ["", "grpoflow run summary"]
     lines.append(f"  dvc pull: {s['pull']}")
     for st in s["stages"]:
@@ -61,5 +62,7 @@ def format_summary(s: dict[str, Any], ui: str = "http://127.0.0.1:5000") -> str:
     if dec:
         lines.append(f"  promotion: {dec['decision']} — {dec['reason']}")
     lines.append(f"  mlflow: {s['tracking_uri']} run {s['run_id']}")
-    lines.append(f"  ui: `grpoflow ui`, then {ui}/#/experiments/{s['experiment_id']}/runs/{s['run_id']}")
+    ui = ui_address(s["tracking_uri"])
+    page = f"{ui}/#/experiments/{s['experiment_id']}/runs/{s['run_id']}"
+    lines.append(f"  ui: {page}" if ui.rstrip("/") == s["tracking_uri"].rstrip("/") else f"  ui: `grpoflow ui`, then {page}")
     return "\n".join(lines)

