@@ -218,6 +218,23 @@ def test_compose_services_health_ports_and_secrets():
         assert not {"MLFLOW_PORT", "MLFLOW_HOST"} & set(env), name
     assert "ports" not in services["postgres"], "PostgreSQL must stay on the compose network"
 
+    # Authentication by default: MLflow's basic-auth app, the Prefect API's auth string with CSRF
+    # checks, the worker logging in to both; every credential is required from infra/.env (no default).
+    assert "--app-name=basic-auth" in services["mlflow"]["command"]
+    assert "./mlflow-auth.ini:/etc/mlflow/auth.ini:ro" in services["mlflow"]["volumes"]
+    server_env, worker_env = services["prefect-server"]["environment"], services["prefect-worker"]["environment"]
+    assert server_env["PREFECT_SERVER_CSRF_PROTECTION_ENABLED"] == "true"
+    required = {
+        ("prefect-server", "PREFECT_SERVER_API_AUTH_STRING"), ("prefect-worker", "PREFECT_API_AUTH_STRING"),
+        ("mlflow", "MLFLOW_AUTH_ADMIN_USERNAME"), ("mlflow", "MLFLOW_AUTH_ADMIN_PASSWORD"),
+        ("mlflow", "MLFLOW_FLASK_SERVER_SECRET_KEY"),
+        ("prefect-worker", "MLFLOW_TRACKING_USERNAME"), ("prefect-worker", "MLFLOW_TRACKING_PASSWORD"),
+    }
+    for name, key in required:
+        value = str(services[name]["environment"][key])
+        assert re.fullmatch(r"\$\{[A-Z_]+:\?[^}]+\}", value), f"{name}: {key} must be required from infra/.env"
+    assert worker_env["PREFECT_API_AUTH_STRING"] == server_env["PREFECT_SERVER_API_AUTH_STRING"]
+
     # Every variable the file reads is in the committed template; the real file is git-ignored.
     template = dict(
         line.split("=", 1)
@@ -342,25 +359,39 @@ def test_kubernetes_template_renders_gpu_limits_only_for_gpu_deployments():
             assert "nvidia.com/gpu" not in limits and "tolerations" not in pod, d["name"]
 
 
+PREFECT_AUTH = "grpoflow:test-secret"
+
+
 @pytest.fixture
 def prefect_server(tmp_path):
-    """A real `prefect server start` on 127.0.0.1 with its own PREFECT_HOME (SQLite)."""
+    """A real `prefect server start` on 127.0.0.1 with its own PREFECT_HOME (SQLite), authenticating
+    and checking CSRF tokens as infra/compose.yaml configures it; yields a client's environment."""
     port = free_port()
     env = {
         **os.environ,
         "PREFECT_HOME": str(tmp_path / "prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_API_AUTH_STRING": PREFECT_AUTH,
+        "PREFECT_SERVER_CSRF_PROTECTION_ENABLED": "true",
     }
     env.pop("PREFECT_API_URL", None)
     cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     url = f"http://127.0.0.1:{port}/api"
     with served(cmd, f"{url}/health", tmp_path / "prefect-server.log", env=env):
-        yield {**env, "PREFECT_API_URL": url}
+        client = {k: v for k, v in env.items() if not k.startswith("PREFECT_SERVER_")}
+        yield {**client, "PREFECT_API_URL": url, "PREFECT_API_AUTH_STRING": PREFECT_AUTH}
 
 
 def test_work_pools_and_deployments_apply_to_a_real_prefect_server(prefect_server):
     """The README's commands: create the three pools, then `prefect deploy --all`; the server checks
-    every deployment's job variables against its pool's template."""
+    every deployment's job variables against its pool's template. The server authenticates: without
+    the credentials a client is turned away."""
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        urllib.request.urlopen(prefect_server["PREFECT_API_URL"] + "/admin/version", timeout=10)
+    assert denied.value.code == 401
     env = {
         **prefect_server,
         "MLFLOW_TRACKING_URI": "http://mlflow.example:5000",
@@ -391,7 +422,7 @@ def test_work_pools_and_deployments_apply_to_a_real_prefect_server(prefect_serve
     from prefect.client.orchestration import PrefectClient
 
     async def read():
-        async with PrefectClient(api=env["PREFECT_API_URL"]) as client:
+        async with PrefectClient(api=env["PREFECT_API_URL"], auth_string=PREFECT_AUTH) as client:
             return {d.name: d for d in await client.read_deployments()}
 
     deployed = asyncio.run(read())
