@@ -99,7 +99,7 @@ def _run(args: argparse.Namespace, root: Path) -> int:
     if booting is not None:
         booting.join()
     try:
-        summary = training_pipeline(repo=str(root), overrides=list(args.overrides))
+        summary = training_pipeline(overrides=list(args.overrides))
     except PipelineLocked as exc:
         return _fail(exc, 3)
     except (StageFailed, TransientError) as exc:

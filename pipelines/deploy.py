@@ -130,7 +130,7 @@ def cli_serve(args: argparse.Namespace) -> int:
     training_pipeline.serve(
         name=SERVED_NAME,
         cron=args.cron,
-        parameters={"repo": str(root), "overrides": list(args.overrides)},
+        parameters={"overrides": list(args.overrides)},
         tags=["grpoflow", "training", "served"],
         description=f"grpoflow training pipeline on {root}, served by `grpoflow serve`.",
     )

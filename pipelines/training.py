@@ -25,7 +25,7 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from components.config import load_params, params_in, write_overrides
+from components.config import check_remote_overrides, load_params, params_in, write_overrides
 from components.tracking import repo_root
 from pipelines import lineage
 from pipelines.dvc_ops import (
@@ -57,7 +57,12 @@ def _env(run: PipelineRun) -> dict[str, str]:
 
 @task(name="params", cache_policy=NO_CACHE)
 def apply_params(root: str, overrides: list[str]) -> Any:
-    """Write the `-S` overrides into params.yaml (as `dvc exp run -S` does), then load it."""
+    """Write the `-S` overrides into params.yaml (as `dvc exp run -S` does), then load it. A run
+    started through a deployment (remotely) may only set the keys of config.REMOTE_OVERRIDES."""
+    from prefect.runtime import deployment
+
+    if deployment.id:
+        check_remote_overrides(overrides)
     write_overrides(Path(root) / "params.yaml", overrides)
     return load_params(params_in(root))
 
@@ -161,9 +166,10 @@ def summary(run: PipelineRun, params: Any, stages, pulled, pushed, registration,
 
 
 @flow(name=FLOW_NAME, log_prints=True)
-def training_pipeline(repo: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
-    """dvc pull → every dvc.yaml stage in graph order → dvc push → lineage → register → promote."""
-    root = str(Path(repo).resolve() if repo else repo_root())
+def training_pipeline(overrides: list[str] | None = None) -> dict[str, Any]:
+    """dvc pull → every dvc.yaml stage in graph order → dvc push → lineage → register → promote,
+    on the checkout this process runs in (a worker's is fixed: no parameter moves it)."""
+    root = str(repo_root())
     with pipeline_lock(root):
         params = apply_params(root, list(overrides or []))
         with parent_run(params, root) as run:

@@ -111,3 +111,25 @@ def test_default_and_ordinary_paths_pass(tmp_path):
     (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
     load_params(tmp_path / "params.yaml")
     load_params(tmp_path / "params.yaml", ["sft.checkpoint_dir=scratch/sft", f"grpo.output_dir={tmp_path}/out/grpo"])
+
+
+@pytest.mark.parametrize(
+    "override,ok",
+    [
+        ("grpo.beta=0.0", True), ("sft.trainer.max_steps=5", True), ("data.seed=7", True),
+        ("data.train_source=hf:openai/gsm8k:main", True), ("rewards.funcs=[accuracy, format]", True),
+        ("model.trust_remote_code=true", False), ("sft.checkpoint_dir=x", False), ("grpo.init_dir=x", False),
+        ("evaluate.vllm_python=/bin/sh", False), ("evaluate.vllm_args.load_format=pt", False),
+        ("sft.trainer.push_to_hub=true", False), ("tracking.uri=http://elsewhere", False),
+        ("data.train_source=jsonl:/etc/passwd", False), ("rewards.funcs=[mypkg.mod:reward]", False),
+        ("sft.metrics_file=x.json", False),
+    ],
+)
+def test_remote_runs_may_only_override_the_allow_list(override, ok):
+    from components.config import check_remote_overrides
+
+    if ok:
+        check_remote_overrides([override])
+    else:
+        with pytest.raises(ConfigError, match="remote run"):
+            check_remote_overrides([override])

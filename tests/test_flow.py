@@ -42,8 +42,10 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture
-def toy(tmp_path, tiny_model):
-    return make_toy_repo(tmp_path / "repo", tiny_model)
+def toy(tmp_path, tiny_model, monkeypatch):
+    repo = make_toy_repo(tmp_path / "repo", tiny_model)
+    monkeypatch.chdir(repo)  # the flow runs on the checkout it is started in
+    return repo
 
 
 def test_stage_order_is_the_dvc_graph_order(toy):
@@ -105,7 +107,7 @@ def test_flow_fails_clearly_when_the_checkout_is_locked(toy):
     (toy / "params.yaml").write_text("tracking:\n  run_lock_timeout: 0\n")
     with pipeline_lock(toy, 0):  # another run holds the checkout
         with pytest.raises(PipelineLocked, match="another pipeline run holds"):
-            training_pipeline(repo=str(toy))
+            training_pipeline()
     assert not (toy / "dvc.lock").exists()
 
 
@@ -136,7 +138,7 @@ def test_training_flow_end_to_end(toy):
     import mlflow
 
     # Run 1: everything runs, v1 is registered and becomes champion.
-    s1 = training_pipeline(repo=str(toy))
+    s1 = training_pipeline()
     assert [(s["stage"], s["status"]) for s in s1["stages"]] == [("prepare", "ran"), ("grpo", "ran"), ("evaluate", "ran")]
     assert s1["registration"]["created"] and s1["registration"]["version"] == "1"
     assert s1["decision"]["decision"] == "promoted"
@@ -171,7 +173,7 @@ def test_training_flow_end_to_end(toy):
     assert mv.tags["lineage.pipeline_run_id"] == s1["run_id"]
 
     # Run 2, nothing changed: all skipped, each pointing at the run that made its outputs; no version.
-    s2 = training_pipeline(repo=str(toy))
+    s2 = training_pipeline()
     assert [s["status"] for s in s2["stages"]] == ["skipped"] * 3
     assert {s["stage"]: s["produced_by"] for s in s2["stages"]} == {
         k: v.info.run_id for k, v in children.items()
@@ -182,7 +184,7 @@ def test_training_flow_end_to_end(toy):
 
     # Run 3, grpo changed but no better: prepare skipped, grpo + evaluate ran; v2 not promoted.
     write_toy_params(toy, skill=31)
-    s3 = training_pipeline(repo=str(toy))
+    s3 = training_pipeline()
     assert [s["status"] for s in s3["stages"]] == ["skipped", "ran", "ran"]
     assert s3["registration"]["version"] == "2" and s3["decision"]["decision"] == "rejected"
     assert "champion v1 kept" in client.get_model_version("grpoflow-policy", "2").tags["promotion.reason"]
@@ -193,7 +195,7 @@ def test_training_flow_end_to_end(toy):
     before = runs_log.read_text().count("ran")
     write_toy_params(toy, fail=True)
     with pytest.raises(StageFailed, match="stage 'grpo' failed"):
-        training_pipeline(repo=str(toy))
+        training_pipeline()
     assert runs_log.read_text().count("ran") == before + 1  # exactly one attempt
     assert (toy / "models/grpo/skill.txt").read_text() == "31"
     failed = client.search_runs(
@@ -244,7 +246,7 @@ def test_no_registration_when_dvc_push_failed(toy):
 
         shutil.rmtree(remote)
     remote.write_text("not a folder: every push fails\n")
-    s = training_pipeline(repo=str(toy))
+    s = training_pipeline()
     assert s["push"].startswith("failed")
     assert "dvc push failed" in s["registration"]["skipped"] and s["decision"] is None
     assert mlflow.MlflowClient().search_model_versions("name = 'grpoflow-policy'") == []

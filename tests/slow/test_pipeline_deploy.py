@@ -9,6 +9,7 @@ itself. The flow runs on a toy DVC repo (tests/toy_repo.py) with registration of
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -71,11 +72,16 @@ def trigger(env, name, parameters):
 
 def test_deploy_then_worker_runs_it_and_serve_runs_its_own(server, tmp_path):
     toy = make_toy_repo(tmp_path / "repo", make_tiny_model(tmp_path / "model"))
-    params = {"repo": str(toy), "overrides": ["register.enabled=false"]}
+    # A checkout with the flow code and the deployments, as a worker machine has: the deployment
+    # runs in the folder `grpoflow deploy` ran in (no parameter moves it).
+    shutil.copytree(REPO / "pipelines", toy / "pipelines", ignore=shutil.ignore_patterns("__pycache__"))
+    (toy / "infra").mkdir()
+    shutil.copy(REPO / "infra" / "prefect.yaml", toy / "infra" / "prefect.yaml")
+    params = {"overrides": ["register.enabled=false"]}
 
     res = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", "deploy", "--name", "training", "--name", "evaluation"],
-        cwd=REPO, env=server, capture_output=True, text=True, timeout=300,
+        cwd=toy, env=server, capture_output=True, text=True, timeout=300,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     deployment = read(server, lambda c: c.read_deployment_by_name("training-pipeline/training"))
@@ -92,6 +98,10 @@ def test_deploy_then_worker_runs_it_and_serve_runs_its_own(server, tmp_path):
     )
     try:
         assert wait_final(server, run_id, 400, [worker]) == "COMPLETED", (tmp_path / "worker.log").read_text()[-4000:]
+        # A remote caller cannot point a stage at another folder (or load code): the run fails, naming the key.
+        bad = trigger(server, "training-pipeline/training", {"overrides": ["sft.checkpoint_dir=elsewhere"]})
+        assert wait_final(server, bad, 300, [worker]) == "FAILED"
+        assert "sft.checkpoint_dir cannot be set by a remote run" in (tmp_path / "worker.log").read_text()
     finally:
         stop(worker)
     assert "evaluate" in (toy / "dvc.lock").read_text()
@@ -112,7 +122,7 @@ def test_deploy_then_worker_runs_it_and_serve_runs_its_own(server, tmp_path):
                 assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
                 time.sleep(2)
         assert [s.schedule.cron for s in served.schedules] == ["*/30 * * * *"]
-        assert served.parameters["repo"] == str(toy)
+        assert "repo" not in served.parameters
         run_id = trigger(server, "training-pipeline/training-served", params)
         assert wait_final(server, run_id, 300, [serve]) == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
     finally:

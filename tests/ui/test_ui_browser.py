@@ -65,15 +65,16 @@ def prefect_server_stopped_after_module():
     stop_prefect_temporary_server()
 
 
-def test_compare_view_and_champion_alias_in_a_browser(tmp_path, ui):
+def test_compare_view_and_champion_alias_in_a_browser(tmp_path, ui, monkeypatch):
     import mlflow
 
     from pipelines.training import training_pipeline
 
     toy = make_toy_repo(tmp_path / "repo", make_tiny_model(tmp_path / "model"))
-    first = training_pipeline(repo=str(toy))
+    monkeypatch.chdir(toy)
+    first = training_pipeline()
     write_toy_params(toy, skill=60)  # a clearly better policy: the gate promotes it
-    second = training_pipeline(repo=str(toy))
+    second = training_pipeline()
     assert second["decision"]["decision"] == "promoted", second["decision"]
     client = mlflow.MlflowClient()
     assert str(client.get_model_version_by_alias("grpoflow-policy", "champion").version) == "2"
