@@ -60,6 +60,19 @@ class DataConfig:
     synthetic_train_size: int = _f(4000, "Number of synthetic train problems.", ge=1)
     synthetic_test_size: int = _f(600, "Number of synthetic test problems.", ge=1)
     seed: int = _f(1234, "Seed of the synthetic generator (train and test use derived seeds).", ge=0)
+    synthetic_max_steps: int = _f(
+        3,
+        "Synthetic problems take 1 to this many arithmetic steps (drawn uniformly); both splits use the "
+        "same setting. Fewer steps: easier problems (benchmarks/RESULTS.md).",
+        ge=1,
+        le=6,
+    )
+    synthetic_max_number: int = _f(
+        20,
+        "Largest starting amount and largest amount bought in a synthetic problem (both splits). Smaller: "
+        "easier arithmetic, and a tiny model that SFT leaves at a higher accuracy (benchmarks/RESULTS.md).",
+        ge=2,
+    )
     on_bad_rows: str = _f(
         "fail",
         "'fail': stop and report FILE:LINE for bad rows; 'skip': drop and count them in stats.json.",

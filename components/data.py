@@ -65,7 +65,9 @@ def collect(rows: Iterable[Record]) -> SplitResult:
 def load_split(source: str, split: str, cfg: DataConfig, exclude: set[str] = frozenset()) -> SplitResult:
     if source == "synthetic":
         n = cfg.synthetic_train_size if split == "train" else cfg.synthetic_test_size
-        return collect(iter_synthetic(n, cfg.seed, split, exclude))
+        return collect(
+            iter_synthetic(n, cfg.seed, split, exclude, cfg.synthetic_max_steps, cfg.synthetic_max_number)
+        )
     if source.startswith(("jsonl:", "hf:")):
         return collect(records(source, split))
     raise ConfigError(f"data source {source!r}: expected synthetic, jsonl:PATH or hf:NAME[:CONFIG]")

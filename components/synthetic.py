@@ -1,6 +1,7 @@
 """The synthetic source: seeded GSM8K-style word problems for the embedded, offline default.
 
-Each problem has 1 to 3 arithmetic steps on small integers, templated text and an answer in
+Each problem has 1 to `data.synthetic_max_steps` arithmetic steps on small integers (starting and
+bought amounts up to `data.synthetic_max_number`), templated text and an answer in
 GSM8K's own format (reasoning lines with `<<a+b=c>>` calculator annotations, then `#### N`),
 so it flows through the same validation as real GSM8K rows. The same seed gives the same
 problems; train and test draw from derived seeds and never share a question.
@@ -25,18 +26,26 @@ def _step(a: int, op: str, b: int) -> tuple[int, str]:
     return c, f"{a} {op} {b} = <<{a}{op}{b}={c}>>{c}"
 
 
-def synthetic_problem(rng: random.Random) -> dict[str, str]:
-    """One seeded word problem with a GSM8K-format answer (1 to 3 steps)."""
+def synthetic_problem(rng: random.Random, max_steps: int = 3, max_number: int = 20) -> dict[str, str]:
+    """One seeded word problem with a GSM8K-format answer (1 to `max_steps` steps).
+
+    `max_number` bounds the starting amount and the amounts bought: with the defaults
+    (3, 20) this draws exactly the stream it always drew; smaller values make easier problems.
+
+    >>> p = synthetic_problem(random.Random(0), max_steps=1, max_number=5)
+    >>> p["answer"].count("\\n")  # one step line, then the final answer
+    1
+    """
     name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
-    steps = rng.choice([1, 2, 3])
-    a = rng.randint(2, 20)
+    steps = rng.choice(list(range(1, max_steps + 1)))
+    a = rng.randint(2, max_number)
     question = [f"{name} has {a} {item}."]
     lines = []
     total = a
     for s in range(steps):
         kind = rng.choice(["buy", "lose", "times", "share"] if s else ["buy", "lose", "times"])
         if kind == "buy":
-            b = rng.randint(1, 20)
+            b = rng.randint(1, max_number)
             question.append(f"{name} buys {b} more {item}.")
             total, text = _step(total, "+", b)
             lines.append(f"After buying, {name} has {text} {item}.")
@@ -66,7 +75,9 @@ def synthetic_problem(rng: random.Random) -> dict[str, str]:
     return {"question": " ".join(question), "answer": "\n".join(lines) + f"\n#### {total}"}
 
 
-def iter_synthetic(n: int, seed: int, split: str, exclude: set[str]) -> Iterator[Record]:
+def iter_synthetic(
+    n: int, seed: int, split: str, exclude: set[str], max_steps: int = 3, max_number: int = 20
+) -> Iterator[Record]:
     """`n` distinct problems (none of them in `exclude`) as (where, default id, record)."""
     rng = random.Random(f"{seed}:{split}")
     seen = set(exclude)
@@ -75,7 +86,7 @@ def iter_synthetic(n: int, seed: int, split: str, exclude: set[str]) -> Iterator
         attempts += 1
         if attempts > 50 * n + 1000:
             raise DataError(f"synthetic:{split}: could only make {made} distinct problems of {n} requested")
-        obj = synthetic_problem(rng)
+        obj = synthetic_problem(rng, max_steps, max_number)
         key = normalize_question(obj["question"])
         if key in seen:
             continue

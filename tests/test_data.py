@@ -227,3 +227,31 @@ def test_dvc_repro_skip_push_pull_round_trip(tmp_path):
     (repo / "params.yaml").write_text(params.replace("seed: 1234", "seed: 4321"))
     assert "Running stage 'data'" in sh("dvc", "repro", "data")
     assert (repo / "data/processed/train.jsonl").read_bytes() != train
+
+
+def test_synthetic_difficulty_params_bound_both_splits(tmp_path):
+    import re
+
+    c = DataConfig(
+        synthetic_train_size=200,
+        synthetic_test_size=50,
+        synthetic_max_steps=1,
+        synthetic_max_number=5,
+        output_dir=str(tmp_path / "easy"),
+    )
+    run(c)
+    for split in ("train", "test"):
+        for row in read_jsonl(tmp_path / "easy" / f"{split}.jsonl"):
+            assert len(row["solution"].splitlines()) == 1  # one step
+            start = int(re.search(r"has (\d+)", row["question"]).group(1))
+            bought = [int(b) for b in re.findall(r"buys (\d+)", row["question"])]
+            assert 2 <= start <= 5 and all(1 <= b <= 5 for b in bought)
+
+
+def test_synthetic_generator_defaults_draw_the_original_stream():
+    import random
+
+    from components.synthetic import synthetic_problem
+
+    a, b = random.Random(7), random.Random(7)
+    assert [synthetic_problem(a) for _ in range(50)] == [synthetic_problem(b, 3, 20) for _ in range(50)]
