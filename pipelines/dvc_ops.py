@@ -53,6 +53,17 @@ def stage_order(root: str | os.PathLike) -> list[str]:
         return [_address(s, root) for s in order]
 
 
+def upstream_stages(root: str | os.PathLike, stage: str) -> list[str]:
+    """The stages whose outputs `stage` reads (its direct dependencies in DVC's graph)."""
+    from dvc.repo import Repo
+    from dvc.stage import PipelineStage
+
+    with Repo(str(root)) as repo:
+        graph = repo.index.graph
+        node = next(s for s in graph if isinstance(s, PipelineStage) and _address(s, root) == stage)
+        return sorted(_address(s, root) for s in graph.successors(node) if isinstance(s, PipelineStage))
+
+
 def _address(stage: Any, root: str | os.PathLike) -> str:
     """`name` for the root dvc.yaml, `sub/dvc.yaml:name` otherwise, relative to the repo root."""
     rel = os.path.relpath(stage.path, root)

@@ -41,6 +41,7 @@ from pipelines.dvc_ops import (
     stage_order,
 )
 from pipelines.lineage import FLOW_NAME, PipelineRun, failure_recorded, parent_run
+from pipelines.placement import submit
 from pipelines.runlock import pipeline_lock
 from pipelines.summary import summarize
 
@@ -75,40 +76,43 @@ def stages_of(root: str) -> list[str]:
 
 @task(name="dvc-pull", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
 def dvc_pull(run: PipelineRun) -> str:
-    """Fetch outputs recorded in dvc.lock from the default remote, if it holds any."""
+    """Fetch DVC's run cache and the outputs dvc.lock records from the default remote, if it holds any."""
     name, url = default_remote(run.root)
     if not name:
         return "skipped: no default DVC remote"
     if url and "://" not in url and not (Path(url).is_dir() and any(Path(url).iterdir())):
         return f"skipped: remote '{name}' ({url}) holds no data yet"
-    if not (Path(run.root) / "dvc.lock").is_file():
-        return "skipped: no dvc.lock yet"
-    rc, tail = run_dvc(["pull", "--allow-missing"], run.root, _env(run))
+    rc, tail = run_dvc(["pull", "--run-cache", "--allow-missing"], run.root, _env(run))
     if rc != 0:
         if is_transient(tail):
             raise TransientError(f"dvc pull: {last_line(tail, rc)}")
         # Not fatal: the stages regenerate what could not be fetched.
         return f"failed (stages will rebuild what is missing): {last_line(tail, rc)}"
-    return f"pulled from '{name}'"
+    return f"pulled from '{name}' (outputs and run cache)"
 
 
 @task(retries=2, retry_delay_seconds=10, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
-def run_stage(stage: str, run: PipelineRun) -> dict[str, Any]:
-    """`dvc repro --single-item STAGE`; ran, restored or skipped is read off its dvc.lock entry."""
+def run_stage(stage: str, run: PipelineRun, placement: str = "local") -> dict[str, Any]:
+    """`dvc repro --single-item STAGE` (with `--pull` when there is a remote: a run the run cache
+    knows is restored from it); ran, restored or skipped is read off DVC's output and dvc.lock.
+    A stage placed on a work pool runs there instead (pipelines/placement.py)."""
+    if placement != "local":
+        return submit(stage, placement, run)
     before = lock_entry(run.root, stage)
     start = time.time()
-    print(f"── stage {stage}: dvc repro --single-item {stage}", flush=True)
-    rc, tail = run_dvc(["repro", "--single-item", stage], run.root, _env(run))
+    args = ["repro", "--single-item", stage, *(["--pull"] if default_remote(run.root)[0] else [])]
+    print(f"── stage {stage}: dvc {' '.join(args)}", flush=True)
+    rc, tail = run_dvc(args, run.root, _env(run))
     seconds = round(time.time() - start, 2)
     if rc != 0:
         if is_transient(tail) and "failed to run" not in tail:
             raise TransientError(f"stage '{stage}': {last_line(tail, rc)}")
         raise StageFailed(f"stage '{stage}' failed (dvc exit {rc}):\n{tail}")
     after = lock_entry(run.root, stage)
-    if after == before:
-        status = "skipped"
-    elif "is cached - skipping run" in tail:
+    if "is cached - skipping run" in tail:
         status = "restored"  # DVC's run cache had these exact outputs: checked out, not run
+    elif after == before:
+        status = "skipped"
     else:
         status = "ran"
     return {"stage": stage, "status": status, "seconds": seconds, "lock_md5": entry_md5(after)}
@@ -116,15 +120,16 @@ def run_stage(stage: str, run: PipelineRun) -> dict[str, Any]:
 
 @task(name="dvc-push", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
 def dvc_push(run: PipelineRun) -> str:
+    """Send the outputs and the run cache to the default remote (what another clone restores from)."""
     name, _ = default_remote(run.root)
     if not name:
         return "skipped: no default DVC remote"
-    rc, tail = run_dvc(["push"], run.root, _env(run))
+    rc, tail = run_dvc(["push", "--run-cache"], run.root, _env(run))
     if rc != 0:
         if is_transient(tail):
             raise TransientError(f"dvc push: {last_line(tail, rc)}")
         return f"failed: {last_line(tail, rc)}"
-    return f"pushed to '{name}'"
+    return f"pushed to '{name}' (outputs and run cache)"
 
 
 @task(name="lineage", cache_policy=NO_CACHE)
@@ -177,7 +182,8 @@ def training_pipeline(overrides: list[str] | None = None) -> dict[str, Any]:
             stages: list[dict[str, Any]] = []
             for stage in stages_of(root):
                 with failure_recorded(stage, stages, run):
-                    stages.append(run_stage.with_options(name=stage, task_run_name=stage)(stage, run))
+                    stages.append(run_stage.with_options(name=stage, task_run_name=stage)(
+                        stage, run, vars(params.placement).get(stage, "local")))
             pushed = dvc_push(run)
             lineage_tags = record_lineage(run, stages, params)
             registration = register_model(params, lineage_tags, pushed, run)

@@ -41,11 +41,16 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout
 
 
-def make_project_repo(path: Path, overrides: list[str] = ()) -> Path:
+def make_project_repo(path: Path, overrides: list[str] = (), with_flows: bool = False) -> Path:
+    """The checkout; `with_flows` adds pipelines/ and infra/prefect.yaml (to deploy from it)."""
     from components.config import write_overrides
 
     path.mkdir(parents=True)
-    shutil.copytree(REPO / "components", path / "components", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("components", "pipelines") if with_flows else ("components",):
+        shutil.copytree(REPO / package, path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    if with_flows:
+        (path / "infra").mkdir()
+        shutil.copy(REPO / "infra" / "prefect.yaml", path / "infra" / "prefect.yaml")
     for name in ("dvc.yaml", "params.yaml", ".gitignore", ".dvcignore"):
         shutil.copy(REPO / name, path / name)
     write_overrides(path / "params.yaml", [*SMALL, *overrides])

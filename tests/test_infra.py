@@ -340,6 +340,46 @@ def test_prefect_yaml_pools_images_and_gpu_requests_agree():
         assert dict(stage_chain(dockerfile_stages(), "cpu"))["WORKDIR"] == "/app"
 
 
+def test_stage_placement_dvc_stages_and_stage_deployments_agree():
+    """One deployment per dvc.yaml stage and work pool kind, named as placement.<stage> finds it, running
+    pipelines/stage.py; a GPU only for the GPU stages."""
+    from components.config import PLACEMENTS, SECTIONS
+    from pipelines.stage import STAGE_FLOW
+
+    placed = {f.name for f in __import__("dataclasses").fields(SECTIONS["placement"])}
+    assert placed == set(dvc_stages())
+    kinds = [k for k in PLACEMENTS if k != "local"]
+    stage_deployments = {d["name"]: d for d in load_yaml(INFRA / "prefect.yaml")["deployments"]
+                         if d["entrypoint"] == "pipelines/stage.py:stage_flow"}
+    assert set(stage_deployments) == {f"{s}-{k}" for s in dvc_stages() for k in kinds}
+    flow_name = ast_flow_name(REPO / "pipelines" / "stage.py", "stage_flow")
+    assert flow_name == STAGE_FLOW
+    pools = {"process": "grpoflow-process", "docker": "grpoflow-docker", "kubernetes": "grpoflow-kubernetes"}
+    for stage in dvc_stages():
+        for kind in kinds:
+            d = stage_deployments[f"{stage}-{kind}"]
+            assert d["work_pool"]["name"] == pools[kind]
+            if kind != "process":
+                assert is_gpu(d) == (stage in GPU_STAGES), d["name"]
+
+
+def ast_flow_name(path, func: str) -> str:
+    """The `name=` of the @flow decorating `func` in `path`, read without importing it."""
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef) and node.name == func:
+            for dec in node.decorator_list:
+                if isinstance(dec, ast.Call) and getattr(dec.func, "id", "") == "flow":
+                    value = next(k.value for k in dec.keywords if k.arg == "name")
+                    if isinstance(value, ast.Name):  # a module constant
+                        tree = ast.parse(path.read_text())
+                        return next(n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                                    and getattr(n.targets[0], "id", "") == value.id)
+                    return value.value
+    raise AssertionError(f"no @flow on {func} in {path}")
+
+
 def test_kubernetes_template_renders_gpu_limits_only_for_gpu_deployments():
     from prefect.utilities.templating import apply_values
 

@@ -1,0 +1,114 @@
+"""Stage placement: where each dvc.yaml stage runs (params `placement.<stage>`) and how the flow
+hands a stage to a work pool.
+
+`local` runs the stage in the flow's checkout, as `dvc repro --single-item` in a subprocess.
+`process`, `docker` or `kubernetes` submit it with Prefect's `run_deployment` to the deployment
+`grpoflow-stage/<stage>-<kind>` (infra/prefect.yaml) and wait: a worker of that pool runs
+pipelines/stage.py in a clean working copy of the checkout's commit, with the flow's params.yaml
+and dvc.lock. What travels: code by git commit (or the image of that commit), params and the
+lock as parameters, data and models through the DVC remote (outputs and run cache), metrics and
+the stage's result through the shared MLflow server. The stage's dvc.lock entry comes back and is
+merged into this checkout's dvc.lock, and its outputs are pulled, so lineage, skip detection and
+registration work as in the local mode. Credentials come from each pool's environment.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from components.errors import ConfigError
+from pipelines.dvc_ops import StageFailed, default_remote, entry_md5, run_dvc, stage_env
+from pipelines.lineage import PipelineRun
+
+
+def placements(params: Any) -> dict[str, str]:
+    """{stage: placement} of every stage placed on a work pool (the `local` ones left out)."""
+    return {stage: kind for stage, kind in vars(params.placement).items() if kind != "local"}
+
+
+def git_commit(root: str | Path) -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def check_placement(params: Any, root: str | Path, tracking_uri: str) -> None:
+    """Before anything runs: a stage placed on a pool needs a shared tracking server, a remote every
+    pool can reach, and committed code (a pool runs the commit, not this working tree)."""
+    placed = placements(params)
+    if not placed:
+        return
+    where = ", ".join(f"{s} on {k}" for s, k in placed.items())
+    if not tracking_uri.startswith(("http://", "https://")):
+        raise ConfigError(f"placement ({where}): stages in other working copies log to a shared MLflow server; "
+                          f"set tracking.uri (or MLFLOW_TRACKING_URI) to one, not {tracking_uri}")
+    name, url = default_remote(root)
+    if not name or not url:
+        raise ConfigError(f"placement ({where}): outputs travel through the DVC remote; configure a default one "
+                          "(`dvc remote add -d NAME s3://...`)")
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!params.yaml",
+                              ":!dvc.lock"], cwd=root, capture_output=True, text=True).stdout.split("\n")
+    changed = [line[3:] for line in changed if line.strip()]
+    if changed:
+        raise ConfigError(f"placement ({where}): work pools run the committed code, and these files differ from "
+                          f"it: {', '.join(changed[:5])}; commit (or stash) them first")
+
+
+def merge_lock_entry(root: str | Path, stage: str, entry: dict[str, Any]) -> None:
+    """Put a stage's dvc.lock entry (made in another working copy) into this checkout's dvc.lock."""
+    import yaml
+
+    from components.files import write_text
+
+    path = Path(root) / "dvc.lock"
+    lock = (yaml.safe_load(path.read_text()) if path.is_file() else None) or {"schema": "2.0", "stages": {}}
+    lock.setdefault("stages", {})[stage] = entry
+    write_text(path, yaml.safe_dump(lock, sort_keys=False))
+
+
+def _result(run: PipelineRun, stage: str, commit: str) -> dict[str, Any]:
+    """The stage's result, which pipelines/stage.py logged on its MLflow run."""
+    import mlflow
+
+    from components.tracking import STAGE_TAG, TAG_PREFIX
+    from pipelines.stage import RESULT_ARTIFACT
+
+    client = mlflow.MlflowClient()
+    exp = client.get_run(run.run_id).info.experiment_id
+    runs = client.search_runs(
+        [exp], f"tags.mlflow.parentRunId = '{run.run_id}' and tags.`{STAGE_TAG}` = '{stage}' "
+        f"and tags.`{TAG_PREFIX}runner.commit` = '{commit}'", order_by=["attributes.start_time DESC"], max_results=1,
+    )
+    if not runs:
+        raise StageFailed(f"stage '{stage}': the stage's run finished but logged no result to {run.tracking_uri}")
+    return mlflow.artifacts.load_dict(f"runs:/{runs[0].info.run_id}/{RESULT_ARTIFACT}")
+
+
+def submit(stage: str, kind: str, run: PipelineRun) -> dict[str, Any]:
+    """Run `stage` on the `kind` pool through its deployment; wait; merge its lock entry; pull its outputs."""
+    from prefect.deployments import run_deployment
+
+    from pipelines.stage import STAGE_FLOW
+
+    root = Path(run.root)
+    commit = git_commit(root)
+    lock = root / "dvc.lock"
+    parameters = {
+        "stage": stage, "commit": commit, "params_yaml": (root / "params.yaml").read_text(),
+        "dvc_lock": lock.read_text() if lock.is_file() else "", "remote_url": default_remote(root)[1],
+        "parent_run_id": run.run_id, "tracking_uri": run.tracking_uri,
+    }
+    name = f"{STAGE_FLOW}/{stage}-{kind}"
+    print(f"── stage {stage}: submitted to deployment {name} (commit {commit[:12]})", flush=True)
+    flow_run = run_deployment(name, parameters=parameters, timeout=None, poll_interval=2)
+    state = flow_run.state
+    if state is None or not state.is_completed():
+        raise StageFailed(f"stage '{stage}' on the {kind} pool: flow run {flow_run.name} ended "
+                          f"{state.type.value if state else 'without a state'}: {state.message if state else ''}")
+    result = _result(run, stage, commit)
+    merge_lock_entry(root, stage, result["lock_entry"])
+    rc, tail = run_dvc(["pull", "--allow-missing", stage], root, stage_env(run.run_id, run.tracking_uri))
+    if rc != 0:
+        raise StageFailed(f"stage '{stage}': its outputs did not come back from the remote:\n{tail}")
+    return {"stage": stage, "status": result["status"], "seconds": result["seconds"],
+            "lock_md5": entry_md5(result["lock_entry"]), "placement": kind, "workdir": result["workdir"]}

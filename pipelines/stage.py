@@ -1,0 +1,154 @@
+"""One stage anywhere the image runs: `grpoflow stage NAME --commit SHA`, and the `grpoflow-stage`
+flow that infra/prefect.yaml's per-stage deployments run (pipelines/placement.py submits them).
+
+    grpoflow stage sft --commit 3f2c1ab --params-file params.yaml --lock-file dvc.lock \\
+        --remote /shared/dvc-remote --parent-run-id RUN_ID
+
+In a clean working copy of the code at SHA (a git clone of the checkout it starts in, or, in an
+image without .git, a copy of the image's code, whose commit must be SHA) with the pipeline's
+params.yaml and dvc.lock, it pulls the outputs of the stages this one depends on from the DVC
+remote, runs `dvc repro --single-item NAME --pull` (DVC's run cache restores a run it knows),
+pushes the outputs and the run cache, and returns the stage's dvc.lock entry and its MLflow run
+(a child of the pipeline's parent run on the shared tracking server), whose tags record the
+working copy, host and process it ran in and whose artifact `stage_result.json` holds the result.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from components.errors import GrpoflowError
+from components.files import repo_root, write_text
+from components.tracking import STAGE_TAG, TAG_PREFIX
+from pipelines.dvc_ops import StageFailed, entry_md5, lock_entry, run_dvc, stage_env, upstream_stages
+
+STAGE_FLOW = "grpoflow-stage"
+RESULT_ARTIFACT = "stage_result.json"
+IMAGE_COMMIT_ENV = "GRPOFLOW_GIT_COMMIT"  # set in the images by infra/Dockerfile
+_CODE = ("components", "pipelines", "dvc.yaml", ".dvcignore", ".dvc/config", ".dvc/config.local", "pyproject.toml")
+
+
+class StageSetupError(GrpoflowError):
+    """The working copy for a stage could not be made (unknown commit, image of another commit, no remote)."""
+
+
+def working_copy(source: Path, commit: str, workdir: Path) -> None:
+    """The code at `commit` in `workdir`: a git clone of `source`, or a copy of an image's code."""
+    if (source / ".git").exists():
+        subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(source), str(workdir)], check=True)
+        done = subprocess.run(["git", "-C", str(workdir), "checkout", "--quiet", "--detach", commit],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise StageSetupError(f"commit {commit} is not in {source}: {done.stderr.strip()[:300]}")
+        return
+    image_commit = os.environ.get(IMAGE_COMMIT_ENV, "unknown")
+    if not (image_commit.startswith(commit) or commit.startswith(image_commit)) or image_commit == "unknown":
+        raise StageSetupError(
+            f"this image holds the code of commit {image_commit}, the pipeline runs {commit}: "
+            "build and push the image of that commit (infra/build.sh) and redeploy"
+        )
+    workdir.mkdir(parents=True, exist_ok=True)
+    for rel in _CODE:
+        src = source / rel
+        if src.is_dir():
+            shutil.copytree(src, workdir / rel, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.is_file():
+            (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, workdir / rel)
+
+
+def _stage_run_id(parent_run_id: str, stage: str, since_ms: int, status: str) -> str:
+    """The MLflow run the stage opened in this invocation, or one made here for a restored stage."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    exp_id = client.get_run(parent_run_id).info.experiment_id
+    runs = client.search_runs(
+        [exp_id], f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`{STAGE_TAG}` = '{stage}' "
+        f"and attributes.start_time >= {since_ms}", order_by=["attributes.start_time DESC"], max_results=1,
+    )
+    if runs:
+        return runs[0].info.run_id
+    run = client.create_run(exp_id, run_name=stage, tags={"mlflow.parentRunId": parent_run_id, STAGE_TAG: stage,
+                                                          f"{TAG_PREFIX}status": status})
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+def run_stage_here(
+    stage: str,
+    commit: str,
+    params_yaml: str,
+    dvc_lock: str,
+    remote_url: str,
+    parent_run_id: str,
+    tracking_uri: str,
+    *,
+    source: str | os.PathLike | None = None,
+    workdir: str | os.PathLike | None = None,
+    keep: bool = False,
+) -> dict[str, Any]:
+    """Run one stage in a clean working copy; returns {stage, status, seconds, lock_entry, lock_md5,
+    run_id, workdir, host, pid}."""
+    source = Path(source or repo_root()).resolve()
+    work = Path(workdir or tempfile.mkdtemp(prefix=f"grpoflow-stage-{stage}-"))
+    if workdir is None:
+        work.rmdir()  # git clone makes it
+    start = time.time()
+    try:
+        working_copy(source, commit, work)
+        write_text(work / "params.yaml", params_yaml)
+        if dvc_lock:
+            write_text(work / "dvc.lock", dvc_lock)
+        env = stage_env(parent_run_id, tracking_uri)
+        rc, tail = run_dvc(["remote", "add", "--local", "--default", "--force", "grpoflow-shared", remote_url], work, env)
+        if rc != 0:
+            raise StageSetupError(f"DVC remote {remote_url}: {tail[-300:]}")
+        upstream = upstream_stages(work, stage)
+        if upstream and dvc_lock:
+            rc, tail = run_dvc(["pull", "--allow-missing", *upstream], work, env)
+            if rc != 0:
+                raise StageFailed(f"stage '{stage}': pulling its inputs ({', '.join(upstream)}) failed:\n{tail}")
+        before = lock_entry(work, stage)
+        rc, tail = run_dvc(["repro", "--single-item", stage, "--pull"], work, env)
+        if rc != 0:
+            raise StageFailed(f"stage '{stage}' failed in {work} (dvc exit {rc}):\n{tail}")
+        status = "restored" if "is cached - skipping run" in tail else "skipped" if lock_entry(work, stage) == before else "ran"
+        rc, tail = run_dvc(["push", "--run-cache", stage], work, env)
+        if rc != 0:
+            raise StageFailed(f"stage '{stage}': dvc push failed:\n{tail}")
+        entry = lock_entry(work, stage)
+        import mlflow
+
+        mlflow.set_tracking_uri(tracking_uri)
+        run_id = _stage_run_id(parent_run_id, stage, int(start * 1000), status)
+        result = {
+            "stage": stage, "status": status, "seconds": round(time.time() - start, 2), "lock_entry": entry,
+            "lock_md5": entry_md5(entry), "run_id": run_id, "workdir": str(work), "host": socket.gethostname(),
+            "pid": os.getpid(), "commit": commit,
+        }
+        client = mlflow.MlflowClient()
+        for key in ("workdir", "host", "pid", "commit"):
+            client.set_tag(run_id, f"{TAG_PREFIX}runner.{key}", str(result[key]))
+        client.log_dict(run_id, result, RESULT_ARTIFACT)
+        return result
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+@flow(name=STAGE_FLOW, log_prints=True, flow_run_name="{stage}@{commit}")
+def stage_flow(
+    stage: str, commit: str, params_yaml: str, dvc_lock: str, remote_url: str, parent_run_id: str, tracking_uri: str
+) -> dict[str, Any]:
+    """One dvc.yaml stage in a clean working copy of `commit` (what the per-stage deployments run)."""
+    return run_stage_here(stage, commit, params_yaml, dvc_lock, remote_url, parent_run_id, tracking_uri)
