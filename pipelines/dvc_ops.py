@@ -5,6 +5,7 @@
     lock_entry(root, stage)      the stage's dvc.lock entry; entry_md5() fingerprints it
     default_remote(root)         (name, url) of the default remote
     run_dvc(args, root, env)     `dvc ARGS`, output streamed to the terminal; (exit code, output tail)
+    push(root, env, stages)      `dvc push --run-cache`, plus the objects of git-tracked outputs
     stage_env(...)               the environment a stage runs in
 """
 
@@ -139,6 +140,43 @@ def run_dvc(args: list[str], root: str | os.PathLike, env: dict[str, str]) -> tu
     return proc.wait(), "\n".join(line for line in tail if line.strip())
 
 
+def push(root: str | os.PathLike, env: dict[str, str], stages: list[str] | tuple[str, ...] = ()) -> tuple[int, str]:
+    """`dvc push --run-cache [STAGES]`, then the objects of the stages' `cache: false` outputs.
+
+    DVC's run cache records every output, and a clone restores a stage from it only when all of
+    them are in the remote; but `dvc push` sends only cached outputs, so the git-tracked metrics
+    and reports (committed to the local cache when the stage ran) never reach the remote and a
+    second clone would run those stages again. This sends them too."""
+    rc, tail = run_dvc(["push", "--run-cache", *stages], root, env)
+    if rc != 0:
+        return rc, tail
+    proc = subprocess.run([sys.executable, "-m", "pipelines.dvc_ops", "push-tracked", *stages], cwd=str(root),
+                          env=env, capture_output=True, text=True)
+    out = (proc.stdout + proc.stderr).strip()
+    if out:
+        print(out)
+    return proc.returncode, "\n".join(line for line in (tail, out) if line)
+
+
+def _push_tracked(stages: list[str]) -> int:
+    """The `cache: false` outputs' objects that are in the local cache, to the default remote."""
+    from dvc.repo import Repo
+
+    with Repo(".") as repo:
+        objs = {out.hash_info for stage in repo.index.stages if not stages or stage.name in stages
+                for out in stage.outs if not out.use_cache and out.hash_info and out.hash_info.value}
+        objs = {obj for obj in objs if repo.cache.local.exists(obj.value)}
+        if not objs:
+            return 0
+        result = repo.cloud.push(objs)
+        if result.failed:
+            print(f"dvc push: {len(result.failed)} git-tracked output(s) could not be pushed", file=sys.stderr)
+            return 1
+        if result.transferred:
+            print(f"{len(result.transferred)} git-tracked output(s) pushed for the run cache")
+    return 0
+
+
 def last_line(tail: str, rc: int) -> str:
     """The line of DVC's output worth showing in a one-line status (the exit code if it printed none)."""
     return tail.splitlines()[-1] if tail else str(rc)
@@ -146,3 +184,9 @@ def last_line(tail: str, rc: int) -> str:
 
 def is_transient(tail: str) -> bool:
     return any(m in tail for m in TRANSIENT_MARKERS)
+
+
+if __name__ == "__main__":  # `python -m pipelines.dvc_ops push-tracked [STAGE...]`, run by push()
+    if sys.argv[1:2] != ["push-tracked"]:
+        sys.exit("usage: python -m pipelines.dvc_ops push-tracked [STAGE...]")
+    sys.exit(_push_tracked(sys.argv[2:]))

@@ -29,6 +29,7 @@ from prefect import flow
 from components.errors import GrpoflowError
 from components.files import repo_root, write_text
 from components.tracking import STAGE_TAG, TAG_PREFIX
+from pipelines import dvc_ops
 from pipelines.dvc_ops import StageFailed, entry_md5, lock_entry, run_dvc, stage_env, upstream_stages
 
 STAGE_FLOW = "grpoflow-stage"
@@ -123,7 +124,7 @@ def run_stage_here(
         if rc != 0:
             raise StageFailed(f"stage '{stage}' failed in {work} (dvc exit {rc}):\n{tail}")
         status = "restored" if "is cached - skipping run" in tail else "skipped" if lock_entry(work, stage) == before else "ran"
-        rc, tail = run_dvc(["push", "--run-cache", stage], work, env)
+        rc, tail = dvc_ops.push(work, env, [stage])
         if rc != 0:
             raise StageFailed(f"stage '{stage}': dvc push failed:\n{tail}")
         entry = lock_entry(work, stage)

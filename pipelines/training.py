@@ -27,7 +27,7 @@ from prefect.cache_policies import NO_CACHE
 
 from components.config import check_remote_overrides, load_params, params_in, write_overrides
 from components.tracking import repo_root
-from pipelines import lineage
+from pipelines import dvc_ops, lineage
 from pipelines.dvc_ops import (
     StageFailed,
     TransientError,
@@ -124,7 +124,7 @@ def dvc_push(run: PipelineRun) -> str:
     name, _ = default_remote(run.root)
     if not name:
         return "skipped: no default DVC remote"
-    rc, tail = run_dvc(["push", "--run-cache"], run.root, _env(run))
+    rc, tail = dvc_ops.push(run.root, _env(run))
     if rc != 0:
         if is_transient(tail):
             raise TransientError(f"dvc push: {last_line(tail, rc)}")
