@@ -38,7 +38,15 @@ from typing import Any
 # and refuses to start when that much is not free; a small model needs far less. Eager mode
 # skips torch.compile, which costs more start-up time than it saves on an evaluation run.
 # (On a GPU vLLM's own defaults apply, CUDA graphs included; `evaluate.vllm_args` overrides both.)
-CPU_DEFAULTS = {"gpu_memory_utilization": 0.3, "kv_cache_memory_bytes": 1 << 30, "enforce_eager": True}
+# Chunked prefill off: vLLM 0.32's CPU runner rewinds a seeded request's generator when it
+# discards the token of a partly prefilled prompt, which CPU generators cannot do ("CPU Generator
+# does not use offset"), and the engine dies; seeded samples need whole prompts per step.
+CPU_DEFAULTS = {
+    "gpu_memory_utilization": 0.3,
+    "kv_cache_memory_bytes": 1 << 30,
+    "enforce_eager": True,
+    "enable_chunked_prefill": False,
+}
 
 
 def _on_cpu() -> bool:
@@ -120,7 +128,10 @@ def server_args(args: list[str]) -> list[str]:
         for key, value in CPU_DEFAULTS.items():
             flag = "--" + key.replace("_", "-")
             if not any(a == flag or a.startswith(flag + "=") or a == "--no-" + flag[2:] for a in args):
-                extra += [flag] if value is True else [flag, str(value)]
+                if isinstance(value, bool):
+                    extra.append(flag if value else "--no-" + flag[2:])
+                else:
+                    extra += [flag, str(value)]
     return [*args, *extra]
 
 

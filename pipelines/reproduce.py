@@ -36,7 +36,7 @@ from components.errors import GrpoflowError, RegistryError
 from components.files import json_bytes, write_files
 from components.reports import read_metrics
 from components.tracking import TAG_PREFIX, configure, package_versions, repo_root
-from pipelines.dvc_ops import default_remote, run_dvc, stage_env
+from pipelines.dvc_ops import default_remote, stage_env
 
 METRIC_TAG = "metric."
 TIMING_KEYS = ("completions_per_second", "generation_seconds", "load_seconds", "sample_seconds")
@@ -227,7 +227,9 @@ def reproduce(params: Any, name: str, version: str, workdir: str | None, from_ca
         steps = [["repro", "--force", "--no-run-cache"]]
     for step in steps:
         print(f"── dvc {' '.join(step)}", flush=True)
-        rc, tail = run_dvc(step, dest, env)
+        # Plain `dvc`, not the flow's guarded runner: the copy's own pipelines/ (at that commit)
+        # shadows this one for `python -m`, and may predate it.
+        rc = subprocess.run([sys.executable, "-m", "dvc", *step], cwd=dest, env=env).returncode
         if rc != 0:
             print(f"error: dvc {' '.join(step)} failed in {dest} (exit {rc})", file=sys.stderr)
             return 1
