@@ -394,7 +394,9 @@ class EvaluateConfig:
         "",
         "With --model http://HOST:PORT/v1: the served model name to ask ('' = the only one the server lists).",
     )
-    endpoint_concurrency: int = _f(16, "With an endpoint: requests in flight at once.", ge=1, le=1024)
+    endpoint_concurrency: int = _f(
+        64, "With an endpoint: requests in flight at once (the server batches them).", ge=1, le=1024
+    )
     endpoint_retries: int = _f(
         5, "With an endpoint: retries of a request answered 429/5xx or cut off (exponential backoff).", ge=0
     )

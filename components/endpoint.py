@@ -152,7 +152,7 @@ def generate(
     requests: list[dict[str, Any]],
     settings: Any,
     sample_seeds: list[int],
-    concurrency: int = 16,
+    concurrency: int = 64,
 ) -> Generation:
     """Greedy completions of every request, then `settings.num_samples` samples each (backend `endpoint`)."""
     k = settings.num_samples

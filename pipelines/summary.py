@@ -28,7 +28,8 @@ def backend_line(metrics: dict[str, dict[str, Any]]) -> str | None:
     names = []
     for m in metrics.values():
         if m.get("backend"):
-            name = " ".join(str(x) for x in (m["backend"], m.get("vllm_version")) if x)
+            version = m.get("vllm_version") if m["backend"] == "vllm" else None
+            name = " ".join(str(x) for x in (m["backend"], version) if x)
             if name not in names:
                 names.append(name)
     return ", ".join(names) or None
