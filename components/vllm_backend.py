@@ -40,7 +40,7 @@ def resolve_vllm_python(path: str, base: str | os.PathLike | None = None) -> str
     if Path(path).is_absolute():
         candidates = [Path(path)]
     else:
-        from components.tracking import repo_root
+        from components.files import repo_root
 
         candidates = (
             [Path(base) / path]

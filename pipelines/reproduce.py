@@ -33,9 +33,9 @@ from typing import Any
 
 from components.config import load_params
 from components.errors import GrpoflowError, RegistryError
-from components.files import json_bytes, write_files
+from components.files import json_bytes, repo_root, write_files
 from components.reports import read_metrics
-from components.tracking import TAG_PREFIX, configure, package_versions, repo_root
+from components.tracking import TAG_PREFIX, configure, package_versions
 from pipelines.dvc_ops import default_remote, stage_env
 
 METRIC_TAG = "metric."

@@ -30,13 +30,14 @@ from tests.servers import free_port
 class StubOpenAI:
     """An OpenAI-compatible server on 127.0.0.1: chat answers in the tag format with the gold number
     for greedy requests (and for the first sample of each problem), a wrong one otherwise; every
-    `fail_every`-th request first fails with `fail_status`."""
+    `fail_every`-th distinct request fails once with `fail_status` (0: the connection is dropped)."""
 
     def __init__(self, gold_by_question: dict[str, str], models=("stub",), fail_every=3, fail_status=503):
         self.gold = gold_by_question
         self.models = list(models)
         self.fail_every, self.fail_status = fail_every, fail_status
         self.bodies: list[dict] = []
+        self.seen: set[str] = set()
         self.failures = 0
         self.lock = threading.Lock()
         stub = self
@@ -63,9 +64,12 @@ class StubOpenAI:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                key = json.dumps(body, sort_keys=True)
                 with stub.lock:
                     stub.bodies.append(body)
-                    fail = len(stub.bodies) % stub.fail_every == 0
+                    # Every fail_every-th distinct request fails on its first attempt only.
+                    fail = key not in stub.seen and len(stub.seen) % stub.fail_every == stub.fail_every - 1
+                    stub.seen.add(key)
                     stub.failures += fail
                 if fail:
                     if stub.fail_status == 0:  # drop the connection without an answer
@@ -103,9 +107,10 @@ class StubOpenAI:
 
 
 @pytest.fixture
-def problems(tmp_path) -> tuple[Path, list[dict]]:
+def problems(tmp_path, monkeypatch) -> tuple[Path, list[dict]]:
     from components import data
 
+    monkeypatch.chdir(tmp_path)  # the checkout params are loaded for: stage paths live inside it
     data.run(DataConfig(output_dir=str(tmp_path / "data"), synthetic_train_size=20, synthetic_test_size=8))
     rows = [json.loads(line) for line in (tmp_path / "data/test.jsonl").read_text().splitlines()]
     return tmp_path / "data", rows
@@ -134,9 +139,9 @@ def test_endpoint_is_scored_like_a_model_with_retries(problems, tmp_path, capsys
     assert metrics["sampled_accuracy_strict"] == pytest.approx(1 / 3)
     assert metrics["pass_at_k_strict"] == 1.0 and metrics["maj_at_k_strict"] == 0.0
     assert all(i["completion_tokens"] == 10 for i in items)  # 11 reported, EOS not counted
-    assert stub.failures > 0  # some requests failed first and were retried
-    answered = [b for i, b in enumerate(stub.bodies, 1) if i % stub.fail_every]
-    assert len(answered) == 8 * (1 + 3)
+    assert stub.failures == 8 * (1 + 3) // 3  # every third request failed once, and was retried
+    answered = list({json.dumps(b, sort_keys=True): b for b in stub.bodies}.values())
+    assert len(answered) == 8 * (1 + 3) and len(stub.bodies) == len(answered) + stub.failures
     greedy = [b for b in answered if b["temperature"] == 0]
     sampled = [b for b in answered if b["temperature"] != 0]
     assert {b["messages"][-1]["content"] for b in greedy} == {r["question"] for r in rows}

@@ -362,7 +362,7 @@ def test_stage_writes_reports_comparison_and_cli_reproduces_it(workspace, capsys
     assert [i["completion"] for i in cli_items] == [i["completion"] for i in stage_items]
 
 
-def test_sampled_metrics_are_reported_paired_logged_and_reproducible(workspace, tmp_path):
+def test_sampled_metrics_are_reported_paired_logged_and_reproducible(workspace):
     """k samples per problem at grpo.temperature: sampled accuracy, pass@k and maj@k with intervals in
     <model>.json, per-sample verdicts in the items, paired tests in comparison.json, the numbers in
     MLflow; and a second run on the same params gives identical numbers."""
@@ -372,11 +372,11 @@ def test_sampled_metrics_are_reported_paired_logged_and_reproducible(workspace, 
     for run in ("a", "b"):
         params_args = sum((["-S", o] for o in overrides(
             workspace, "evaluate.limit=8", "evaluate.num_samples=4", "grpo.temperature=1.5",
-            f"evaluate.output_dir={tmp_path / run}",
+            f"evaluate.output_dir={workspace / 'reports/sampled' / run}",
         )), [])
         assert evaluate.main(params_args) == 0
-        reports[run] = {p.name: p.read_text() for p in (tmp_path / run).iterdir()}
-    out = tmp_path / "a"
+        reports[run] = {p.name: p.read_text() for p in (workspace / "reports/sampled" / run).iterdir()}
+    out = workspace / "reports/sampled/a"
     m = json.loads((out / "grpo.json").read_text())
     assert m["num_samples"] == 4 and m["sample_temperature"] == 1.5
     for key in ("sampled_accuracy", "pass_at_k", "maj_at_k"):
@@ -406,7 +406,7 @@ def test_sampled_metrics_are_reported_paired_logged_and_reproducible(workspace, 
     assert run.data.metrics["grpo/maj_at_k_strict"] == m["maj_at_k_strict"]
     assert run.data.metrics["grpo/num_samples"] == 4
     assert "grpo_vs_sft/maj_at_k_flexible/p_value" in run.data.metrics
-    assert run.data.params["grpo.temperature"] == "1.5"
+    assert run.data.metrics["grpo/sample_temperature"] == 1.5 and run.data.params["evaluate.num_samples"] == "4"
 
 
 def test_backend_auto_falls_back_to_transformers_saying_why(workspace, tmp_path, caplog):
