@@ -17,8 +17,8 @@
    --force --single-item evaluate`, with MLFLOW_TRACKING_URI pointing at the copy's own
    `mlflow.db`: nothing is written to this checkout's tracking store.
 4. Prints the recorded metrics beside the re-derived ones (timings are shown, not compared)
-   and which stage outputs came out byte-identical (dvc.lock md5s); writes `reproduce.json` in
-   the working copy. Exit 0 only when every compared metric is identical (within --tolerance).
+   and which stage outputs came out byte-identical (dvc.lock md5s; DVC metrics files hold
+   timings, so they differ); writes `reproduce.json` in the working copy. Exit 0 only when every compared metric is identical (within --tolerance).
 """
 
 from __future__ import annotations
@@ -104,6 +104,14 @@ def out_md5s(lock_text: str) -> dict[str, str]:
 
     stages = (yaml.safe_load(lock_text) or {}).get("stages") or {}
     return {o["path"]: o.get("md5", "") for entry in stages.values() for o in entry.get("outs") or []}
+
+
+def metrics_files(root: Path) -> set[str]:
+    """The stage outputs DVC declares as metrics files: they hold timings, so they differ between runs."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        return {str(o.def_path) for st in repo.index.stages for o in st.outs if getattr(o, "metric", False)}
 
 
 def caveats(version_tags: dict[str, str], run_tags: dict[str, str]) -> list[str]:
@@ -236,7 +244,11 @@ def reproduce(params: Any, name: str, version: str, workdir: str | None, from_ca
 
     rows = compare_metrics(recorded, read_metrics(dest / wparams.evaluate.output_dir), tolerance)
     before, after = out_md5s(recorded_lock), out_md5s((dest / "dvc.lock").read_text())
-    outputs = {path: ("identical" if after.get(path) == md5 else "differs") for path, md5 in sorted(before.items())}
+    timed = metrics_files(dest)
+    outputs = {
+        path: "identical" if after.get(path) == md5 else "differs (a metrics file: timings)" if path in timed else "differs"
+        for path, md5 in sorted(before.items())
+    }
     ok = all(r["status"] in ("same", "within tolerance", "timing") for r in rows) and bool(rows)
     write_files(dest, {"reproduce.json": json_bytes(
         {"name": name, "version": str(version), "commit": commit, "pipeline_run_id": run_id, "caveats": notes,
@@ -244,7 +256,11 @@ def reproduce(params: Any, name: str, version: str, workdir: str | None, from_ca
     )})
     print(f"\nmetrics of {name} v{version}: recorded vs re-derived ({'outputs restored, evaluate re-run' if from_cache else 'every stage re-run'})")
     print(format_table(rows))
-    print("outputs (dvc.lock md5): " + ", ".join(f"{p} {s}" for p, s in outputs.items()))
+    same = [p for p, status in outputs.items() if status == "identical"]
+    print(f"stage outputs byte-identical (dvc.lock md5): {len(same)} of {len(outputs)}")
+    for path, status in outputs.items():
+        if status != "identical":
+            print(f"  {path}: {status}")
     compared = [r for r in rows if r["status"] != "timing"]
     bad = [r for r in compared if r["status"] not in ("same", "within tolerance")]
     if ok:

@@ -58,7 +58,7 @@ def test_reproduce_a_clean_version(toy, tmp_path, capsys):
     assert "grpo/accuracy_strict" in out and "reproduced: 6 of 6 metrics identical" in out
     report = json.loads((work / "reproduce.json").read_text())
     assert report["ok"] and {r["status"] for r in report["metrics"]} == {"same"}
-    assert set(report["outputs"].values()) == {"identical"}  # every stage output byte-identical
+    assert set(report["outputs"].values()) == {"identical"}  # the toy's metrics hold no timings
     assert (work.parent / "grpo-runs.log").read_text().count("ran") == 1  # grpo re-ran, in the copy
     assert (work / ".git").is_dir() and (work / "toy.py").is_file()
     assert runs_in() == before and (work / "mlflow.db").is_file()  # tracked into the copy's own store
