@@ -118,7 +118,8 @@ client.set_registered_model_alias("grpoflow-policy", "champion", str(mv.version)
             assert reply.choices[0].message.content == item["completion"]
 
         # The endpoint evaluated like a model: every greedy answer, token count and sample as in the stage.
-        run([py, "-m", "pipelines.cli", "evaluate", "--model", base, "--output", str(tmp_path / "ep")], work, env)
+        run([py, "-m", "pipelines.cli", "evaluate", "--model", base, "--limit", "20", "--output", str(tmp_path / "ep")],
+            work, env)
     finally:
         stop(server)
     served = items(tmp_path / "ep" / f"endpoint-127.0.0.1-{port}.items.jsonl")
