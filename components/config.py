@@ -390,7 +390,30 @@ class EvaluateConfig:
         choices=["accuracy_strict", "accuracy_flexible"],
     )
     log_items_table: bool = _f(True, "Log the per-item results to MLflow as a table (browsable in the UI).")
-    seed: int = _f(0, "Seed passed to the generation backends (decoding is greedy).", ge=0)
+    seed: int = _f(
+        0,
+        "Seed of the sampled completions (with each item's id: sample_seeds in components/scoring.py) and of "
+        "the backends; greedy decoding does not use it.",
+        ge=0,
+    )
+    num_samples: int = _f(
+        8,
+        "k completions sampled per problem at the training temperature (grpo.temperature), besides the greedy "
+        "one: sampled accuracy, pass@k and maj@k (0 = greedy only).",
+        ge=0,
+        le=256,
+    )
+    endpoint_model: str = _f(
+        "",
+        "With --model http://HOST:PORT/v1: the served model name to ask ('' = the only one the server lists).",
+    )
+    endpoint_concurrency: int = _f(
+        64, "With an endpoint: requests in flight at once (the server batches them).", ge=1, le=1024
+    )
+    endpoint_retries: int = _f(
+        5, "With an endpoint: retries of a request answered 429/5xx or cut off (exponential backoff).", ge=0
+    )
+    endpoint_timeout: float = _f(300.0, "With an endpoint: seconds to wait for one answer.", gt=0.0)
 
     def __post_init__(self) -> None:
         for key in ("data", "fewshot_source"):

@@ -8,12 +8,16 @@ project's one scorer (components/scoring.py, components/gsm8k.py) and writes int
 - `<model>.json`: `accuracy_strict` (the `<answer>` tag of a well-formed completion),
   `accuracy_flexible` (the last number, lm-evaluation-harness's flexible-extract idea),
   `format_rate`, `mean_completion_tokens`, `n`, Wilson 95% intervals, completions per
-  second and the backend (DVC metrics);
+  second and the backend (DVC metrics); with `evaluate.num_samples` k > 0 (default 8) also
+  the sampled metrics at the training temperature: `sampled_accuracy_*`, `pass_at_k_*`,
+  `maj_at_k_*` with their intervals (components/scoring.py);
 - `<model>.items.jsonl`: per problem `id`, `gold`, `completion`, `extracted`, `correct`
-  (+ the flexible and format columns); the promotion gate pairs models by `id`;
+  (+ the flexible and format columns, and the k samples' answers and verdicts); the
+  promotion gate pairs models by `id`;
 - `comparison.json`: GRPO against SFT (and against base), on the same items:
   `delta`, `ci95` (Newcombe's paired interval), `p_value` (exact McNemar), for
-  `evaluate.primary_metric`, plus both metrics in `by_metric`.
+  `evaluate.primary_metric`, plus every metric in `by_metric` (pass@k and maj@k paired
+  the same way, mean sampled accuracy by a normal interval over the item differences).
 
 All of it is logged to MLflow in a run named `evaluate` (metrics `<model>/<metric>`, the
 reports as artifacts, the items as a table the UI can browse). Files appear atomically:
@@ -93,8 +97,9 @@ def run(params: Params) -> dict[str, Any]:
 def summary(results: Results, comparison: dict[str, Any] | None) -> dict[str, Any]:
     """What the stage prints: the headline metrics per model and each pair's test."""
     keys = ("n", "accuracy_strict", "accuracy_flexible", "format_rate", "mean_completion_tokens",
-            "completions_per_second", "backend")
-    out: dict[str, Any] = {name: {k: m[k] for k in keys} for name, (m, _) in results.items()}
+            "completions_per_second", "backend", "num_samples", "sampled_accuracy_strict", "pass_at_k_strict",
+            "maj_at_k_strict")
+    out: dict[str, Any] = {name: {k: m[k] for k in keys if k in m} for name, (m, _) in results.items()}
     for pair, res in (comparison or {}).items():
         out[pair] = {k: res[k] for k in ("metric", "delta", "ci95", "p_value")}
     return out

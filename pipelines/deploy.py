@@ -1,11 +1,11 @@
-"""Schedules: apply infra/prefect.yaml's deployments to a Prefect server, or serve the flow here.
+"""Schedules: apply infra/prefect.yaml's deployments to a Prefect server, or run the flow on a schedule here.
 
     prefect server start                                   # a server (or the compose stack)
     export PREFECT_API_URL=http://127.0.0.1:4200/api
     grpoflow deploy --name training --name evaluation      # the process-pool deployments
     prefect worker start --pool grpoflow-process           # runs them (cron: 03:00 UTC daily)
 
-    grpoflow serve --cron "0 3 * * *"                      # no worker: this process runs the schedule
+    grpoflow schedule --cron "0 3 * * *"                   # no worker: this process runs the schedule
 
 `grpoflow deploy` checks the server answers, creates the `process` work pools that
 infra/prefect.yaml names if they are missing (docker and kubernetes pools need their job
@@ -25,7 +25,7 @@ from pathlib import Path
 from components.tracking import repo_root
 
 PREFECT_FILE = "infra/prefect.yaml"
-SERVED_NAME = "training-served"
+SCHEDULED_NAME = "training-scheduled"
 
 
 def _api_url() -> str | None:
@@ -107,8 +107,9 @@ def cli_deploy(args: argparse.Namespace) -> int:
     return subprocess.run(cmd, cwd=root, env={**os.environ, "PREFECT_API_URL": api}).returncode
 
 
-def cli_serve(args: argparse.Namespace) -> int:
-    """`grpoflow serve --cron EXPR`: serve the training flow from this process on a cron schedule."""
+def cli_schedule(args: argparse.Namespace) -> int:
+    """`grpoflow schedule --cron EXPR`: run the training flow from this process on a cron schedule
+    (Prefect's `flow.serve`; `grpoflow serve` serves a model, pipelines/serving.py)."""
     from components.config import ConfigError, load_params
     from pipelines.runtime import prefect_env_defaults, start_prefect_server
     from pipelines.training import training_pipeline
@@ -128,10 +129,10 @@ def cli_serve(args: argparse.Namespace) -> int:
               "this process runs", flush=True)
         start_prefect_server().join()
     training_pipeline.serve(
-        name=SERVED_NAME,
+        name=SCHEDULED_NAME,
         cron=args.cron,
         parameters={"overrides": list(args.overrides)},
-        tags=["grpoflow", "training", "served"],
-        description=f"grpoflow training pipeline on {root}, served by `grpoflow serve`.",
+        tags=["grpoflow", "training", "scheduled"],
+        description=f"grpoflow training pipeline on {root}, scheduled by `grpoflow schedule`.",
     )
     return 0

@@ -1,5 +1,6 @@
 """`grpoflow evaluate` and the `evaluation` Prefect flow: evaluate any model (a folder, a hub id, a
-registered version such as models:/grpoflow-policy@champion) on a dataset.
+registered version such as models:/grpoflow-policy@champion, or an OpenAI-compatible server's base
+URL such as http://127.0.0.1:8000/v1 from `grpoflow serve`) on a dataset.
 
 `evaluate_one` downloads the model from
 the MLflow registry (or takes a folder), generates on vLLM or transformers per
@@ -8,6 +9,7 @@ named `evaluate`. Use it to re-check the champion on new data or with the
 lm-evaluation-harness protocol, on a schedule or by hand:
 
     grpoflow evaluate --model models/grpo                           # any folder or models:/NAME@ALIAS
+    grpoflow evaluate --model http://127.0.0.1:8000/v1 --limit 20   # a served model (grpoflow serve)
     grpoflow evaluate --model models:/grpoflow-policy@champion --data hf:openai/gsm8k:main --protocol lm-eval-gsm8k
     python -m pipelines.evaluation --model models:/grpoflow-policy@champion --limit 100
     python -m pipelines.evaluation --model models:/grpoflow-policy@champion \\
@@ -29,6 +31,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from components.config import add_params_args, load_params
+from components.endpoint import connect
 from components.errors import EvaluationError, GrpoflowError
 from components.evaluate import STAGE as EVALUATE
 from components.modelio import resolve_model
@@ -43,7 +46,11 @@ def _slug(spec: str) -> str:
 
     >>> _slug("models:/grpoflow-policy@champion"), _slug("models/grpo/"), _slug("Qwen/Qwen2.5-0.5B-Instruct")
     ('grpoflow-policy-champion', 'grpo', 'Qwen2.5-0.5B-Instruct')
+    >>> _slug("http://127.0.0.1:8000/v1")
+    'endpoint-127.0.0.1-8000'
     """
+    if spec.startswith(("http://", "https://")):
+        return "endpoint-" + re.sub(r"[^\w.-]+", "-", spec.split("://", 1)[1].split("/", 1)[0])
     tail = spec.rstrip("/").split("/")[-1] or "model"
     return re.sub(r"[^\w.-]+", "-", tail)
 
@@ -84,6 +91,8 @@ def evaluate_one(
     with tempfile.TemporaryDirectory(prefix="grpoflow-model-") as tmp:
         # Bad input fails here, before an MLflow run is opened.
         model = resolve_model(model_spec, download_dir=tmp, params=params)
+        if model.endpoint:  # an unreachable server or unknown served model, too
+            connect(model.endpoint, cfg.endpoint_model, cfg.endpoint_timeout, cfg.endpoint_retries)
         problems = load_problems(data, limit)
         with stage_run(EVALUATE, params, extra_params=extra) as run_:
             import mlflow

@@ -14,7 +14,26 @@ from components.reports import read_metrics
 from components.tracking import ui_address
 from pipelines.lineage import PipelineRun
 
-SUMMARY_KEYS = ("accuracy_strict", "accuracy_flexible", "format_rate", "n")
+SUMMARY_KEYS = ("accuracy_strict", "accuracy_flexible", "format_rate", "sampled_accuracy_strict", "pass_at_k_strict",
+                "maj_at_k_strict", "n")
+
+
+def backend_line(metrics: dict[str, dict[str, Any]]) -> str | None:
+    """Which engine produced the evaluation, e.g. 'vllm 0.32.0' (one entry per distinct backend).
+
+    >>> backend_line({"sft": {"backend": "vllm", "vllm_version": "0.32.0"}, "grpo": {"backend": "vllm", "vllm_version": "0.32.0"}})
+    'vllm 0.32.0'
+    >>> backend_line({"grpo": {"backend": "transformers"}}), backend_line({})
+    ('transformers', None)
+    """
+    names = []
+    for m in metrics.values():
+        if m.get("backend"):
+            version = m.get("vllm_version") if m["backend"] == "vllm" else None
+            name = " ".join(str(x) for x in (m["backend"], version) if x)
+            if name not in names:
+                names.append(name)
+    return ", ".join(names) or None
 
 
 def summarize(
@@ -42,6 +61,10 @@ def summarize(
     }
 
 
+def _temperature(metrics: dict[str, dict[str, Any]]) -> Any:
+    return next((m["sample_temperature"] for m in metrics.values() if "sample_temperature" in m), "?")
+
+
 def format_summary(s: dict[str, Any]) -> str:
     lines = ["", "grpoflow run summary"]
     lines.append(f"  dvc pull: {s['pull']}")
@@ -49,6 +72,10 @@ def format_summary(s: dict[str, Any]) -> str:
         extra = f" (outputs from run {st['produced_by']})" if st.get("produced_by") else ""
         lines.append(f"  {st['stage']:<10} {st['status']:<8} {st['seconds']:>7.1f} s{extra}")
     lines.append(f"  dvc push: {s['push']}")
+    if backend := backend_line(s["metrics"]):
+        samples = {m.get("num_samples") for m in s["metrics"].values()} - {None}
+        extra = f"; {max(samples)} samples per problem at T={_temperature(s['metrics'])}" if any(samples) else ""
+        lines.append(f"  evaluation backend: {backend}{extra}")
     for model, m in s["metrics"].items():
         keys = [k for k in SUMMARY_KEYS if k in m]
         if keys:

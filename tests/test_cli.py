@@ -23,7 +23,9 @@ def test_help_imports_no_heavy_module():
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-@pytest.mark.parametrize("command", ["run", "evaluate", "grade", "promote", "rollback", "deploy", "serve", "ui"])
+@pytest.mark.parametrize(
+    "command", ["run", "evaluate", "grade", "promote", "rollback", "deploy", "schedule", "serve", "reproduce", "ui"]
+)
 def test_subcommand_help(command):
     out = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", command, "--help"], cwd=REPO, capture_output=True, text=True

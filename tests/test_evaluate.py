@@ -19,7 +19,7 @@ import pytest
 
 from components import evaluate, lm_eval_gsm8k, scoring
 from components.config import DataConfig, ModelConfig, load_params
-from components.errors import DataError
+from components.errors import BackendError, DataError
 from components.sources import load_problems
 from pipelines import cli
 
@@ -360,6 +360,74 @@ def test_stage_writes_reports_comparison_and_cli_reproduces_it(workspace, capsys
     assert cli_metrics["accuracy_strict"] == stage_metrics["accuracy_strict"]
     cli_items = read_items(out / "cli" / "grpo" / "grpo.items.jsonl")
     assert [i["completion"] for i in cli_items] == [i["completion"] for i in stage_items]
+
+
+def test_sampled_metrics_are_reported_paired_logged_and_reproducible(workspace):
+    """k samples per problem at grpo.temperature: sampled accuracy, pass@k and maj@k with intervals in
+    <model>.json, per-sample verdicts in the items, paired tests in comparison.json, the numbers in
+    MLflow; and a second run on the same params gives identical numbers."""
+    import mlflow
+
+    reports = {}
+    for run in ("a", "b"):
+        params_args = sum((["-S", o] for o in overrides(
+            workspace, "evaluate.limit=8", "evaluate.num_samples=4", "grpo.temperature=1.5",
+            f"evaluate.output_dir={workspace / 'reports/sampled' / run}",
+        )), [])
+        assert evaluate.main(params_args) == 0
+        reports[run] = {p.name: p.read_text() for p in (workspace / "reports/sampled" / run).iterdir()}
+    out = workspace / "reports/sampled/a"
+    m = json.loads((out / "grpo.json").read_text())
+    assert m["num_samples"] == 4 and m["sample_temperature"] == 1.5
+    for key in ("sampled_accuracy", "pass_at_k", "maj_at_k"):
+        for mode in ("strict", "flexible"):
+            value, (lo, hi) = m[f"{key}_{mode}"], m[f"{key}_{mode}_ci95"]
+            assert 0.0 <= lo <= value <= hi <= 1.0
+    assert m["pass_at_k_flexible"] >= m["sampled_accuracy_flexible"]
+    items = read_items(out / "grpo.items.jsonl")
+    assert all(len(i["samples_correct"]) == len(i["samples_extracted_flexible"]) == 4 for i in items)
+    assert all(i["pass_at_k_flexible"] == any(i["samples_correct_flexible"]) for i in items)
+    # At temperature 1.5 a random tiny model does not repeat itself: the samples differ.
+    assert any(len({a for a in i["samples_extracted_flexible"]}) > 1 for i in items)
+    comparison = json.loads((out / "comparison.json").read_text())["grpo_vs_sft"]["by_metric"]
+    assert {"maj_at_k_strict", "pass_at_k_flexible", "sampled_accuracy_strict"} <= set(comparison)
+    assert comparison["maj_at_k_strict"]["test"].startswith("exact McNemar")
+    assert comparison["sampled_accuracy_flexible"]["test"].startswith("two-sided z test")
+    # Timings aside, the second run wrote the same reports.
+    timing = ("completions_per_second", "generation_seconds", "load_seconds", "sample_seconds")
+    for name, text in reports["a"].items():
+        if name.endswith(".json") and name != "comparison.json":
+            a, b = json.loads(text), json.loads(reports["b"][name])
+            assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
+        else:
+            assert text == reports["b"][name], name
+    run = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`grpoflow.stage` = 'evaluate'",
+                             output_format="list", order_by=["attributes.start_time DESC"])[0]
+    assert run.data.metrics["grpo/maj_at_k_strict"] == m["maj_at_k_strict"]
+    assert run.data.metrics["grpo/num_samples"] == 4
+    assert "grpo_vs_sft/maj_at_k_flexible/p_value" in run.data.metrics
+    assert run.data.metrics["grpo/sample_temperature"] == 1.5 and run.data.params["evaluate.num_samples"] == "4"
+
+
+def test_backend_auto_falls_back_to_transformers_saying_why(workspace, tmp_path, caplog):
+    """No vLLM here (or a vLLM run that fails): `auto` evaluates on transformers and logs the reason."""
+    import sys
+
+    from components.generation import GenerationSettings, generate, vllm_importable
+
+    if vllm_importable():
+        pytest.skip("vLLM is importable in this environment")
+    caplog.set_level("INFO")
+    missing = GenerationSettings(max_new_tokens=4, vllm_python=str(tmp_path / "no-such-python"))
+    assert generate(workspace / "models/sft", ["Question: 1+1?"], missing).backend == "transformers"
+    assert "backend auto: transformers, because vLLM is not installed" in caplog.text
+    caplog.clear()
+    # This venv's python exists but has no vLLM: the worker fails, and auto falls back.
+    broken = GenerationSettings(max_new_tokens=4, vllm_python=sys.executable)
+    assert generate(workspace / "models/sft", ["Question: 1+1?"], broken).backend == "transformers"
+    assert "backend auto: transformers, because vLLM failed" in caplog.text
+    with pytest.raises(BackendError, match="vLLM worker"):
+        generate(workspace / "models/sft", ["Question: 1+1?"], broken, backend="vllm")
 
 
 def test_failed_stage_leaves_previous_reports(workspace, tmp_path, capsys):

@@ -13,9 +13,13 @@ from hypothesis import strategies as st
 
 from components.stats import (
     compare_paired,
+    compare_paired_means,
+    majority_vote,
     mcnemar_exact,
+    mean_interval,
     paired_counts,
     paired_difference_interval,
+    pass_at_k,
     wilson_interval,
     z_value,
 )
@@ -103,3 +107,62 @@ def test_paired_interval_properties(pairs):
     assert swapped["delta"] == pytest.approx(-r["delta"])
     assert swapped["ci95"][0] == pytest.approx(-hi) and swapped["ci95"][1] == pytest.approx(-lo)
     assert 0.0 < r["p_value"] <= 1.0 and math.isfinite(r["p_value"])
+
+
+# --------------------------------------------------------------------------- sampled answers
+
+
+@given(st.integers(1, 9).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
+def test_pass_at_k_is_the_share_of_k_subsets_with_a_correct_sample(nck):
+    """Chen et al.'s estimator equals its definition: over every k of the n samples, the share
+    that holds at least one correct one."""
+    from itertools import combinations
+
+    n, c, k = nck
+    samples = [True] * c + [False] * (n - c)
+    subsets = list(combinations(range(n), k))
+    expected = sum(any(samples[i] for i in s) for s in subsets) / len(subsets)
+    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_known_values_and_bad_input():
+    # HumanEval's numbers in Chen et al. use n = 200; pass@1 is then c / n.
+    assert pass_at_k(200, 57, 1) == pytest.approx(57 / 200)
+    assert pass_at_k(8, 8, 8) == 1.0 and pass_at_k(8, 0, 1) == 0.0
+    for bad in ((4, 5, 1), (4, 1, 0), (4, 1, 5)):
+        with pytest.raises(ValueError):
+            pass_at_k(*bad)
+
+
+def test_majority_vote_breaks_ties_by_first_appearance():
+    assert majority_vote(["3", "4", "4", "3"]) == ("3", 2)
+    assert majority_vote([None, "4", None, None]) == ("4", 1)
+    assert majority_vote([]) == (None, 0)
+
+
+def test_mean_interval_is_the_normal_interval_over_items():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    values = [0.0, 0.125, 0.5, 0.5, 0.875, 1.0, 0.25, 0.0]
+    n = len(values)
+    mean = sum(values) / n
+    se = scipy_stats.sem(values)
+    lo, hi = mean_interval(values)
+    assert lo == pytest.approx(mean - 1.959963985 * se) and hi == pytest.approx(mean + 1.959963985 * se)
+    assert mean_interval([1.0] * 10) == wilson_interval(10, 10)  # no spread: Wilson, not a point
+    assert mean_interval([0.5]) == (0.0, 1.0)
+
+
+def test_compare_paired_means_matches_a_z_test_on_differences():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    a = [1.0, 0.75, 0.5, 0.875, 0.25, 1.0, 0.625, 0.5]
+    b = [0.5, 0.75, 0.25, 0.5, 0.25, 0.75, 0.5, 0.125]
+    r = compare_paired_means(a, b)
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    z = (sum(diffs) / len(diffs)) / scipy_stats.sem(diffs)
+    assert r["delta"] == pytest.approx(sum(diffs) / len(diffs))
+    assert r["p_value"] == pytest.approx(2 * scipy_stats.norm.sf(abs(z)))
+    assert r["ci95"][0] < r["delta"] < r["ci95"][1]
+    same = compare_paired_means([0.5, 0.25], [0.5, 0.25])
+    assert (same["delta"], same["p_value"]) == (0.0, 1.0)
+    with pytest.raises(ValueError):
+        compare_paired_means([1.0], [1.0, 0.0])

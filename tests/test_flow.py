@@ -253,3 +253,20 @@ def test_no_registration_when_dvc_push_failed(toy):
     from pipelines.summary import format_summary
 
     assert "model: not registered (dvc push failed" in format_summary(s)
+
+
+def test_summary_names_the_evaluation_backend():
+    from pipelines.summary import format_summary
+
+    metrics = {
+        name: {"backend": "vllm", "vllm_version": "0.32.0", "num_samples": 8, "sample_temperature": 0.8,
+               "accuracy_strict": acc, "maj_at_k_strict": 0.2, "n": 600}
+        for name, acc in (("sft", 0.05), ("grpo", 0.12))
+    }
+    summary = {"pull": "skipped", "push": "skipped", "stages": [], "metrics": metrics, "registration": None,
+               "decision": None, "tracking_uri": "sqlite:///mlflow.db", "run_id": "r", "experiment_id": "1"}
+    text = format_summary(summary)
+    assert "evaluation backend: vllm 0.32.0; 8 samples per problem at T=0.8" in text
+    assert "eval grpo   accuracy_strict=0.12" in text and "maj_at_k_strict=0.2" in text
+    metrics["grpo"]["backend"] = metrics["sft"]["backend"] = "transformers"
+    assert "evaluation backend: transformers;" in format_summary(summary)

