@@ -202,6 +202,10 @@ def transformers_generate(
         kwargs["min_new_tokens"] = settings.max_new_tokens
     if settings.stop:
         kwargs.update(stop_strings=list(settings.stop), tokenizer=tokenizer)
+    from tqdm import tqdm
+
+    # Progress per batch in items/s (stderr, as the Trainer's; shown when piped too: stages run under DVC).
+    bar = tqdm(total=len(order), desc="generating", unit="item", dynamic_ncols=True, leave=True)
     for start in range(0, len(order), settings.batch_size):
         idx = order[start : start + settings.batch_size]
         width = max(len(prompt_ids[i]) for i in idx)
@@ -226,6 +230,8 @@ def transformers_generate(
                     while ids and ids[-1] == pad_id:
                         ids.pop()
             out[i] = ids
+        bar.update(len(idx))
+    bar.close()
     return out
 
 
@@ -253,7 +259,7 @@ def vllm_generate(request: dict[str, Any], vllm_python: str = "") -> dict[str, A
     if vllm_importable():
         from components import vllm_worker
 
-        return vllm_worker.generate(request)
+        return vllm_worker.generate({**request, "progress": True})
     python = resolve_vllm_python(vllm_python)
     if python is None:
         raise BackendError(

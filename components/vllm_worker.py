@@ -8,7 +8,7 @@ The evaluation stage runs in `.venv`; vLLM may live elsewhere (on a CPU machine 
 
 REQUEST.json: {"model", "tokenizer", "prompt_token_ids": [[int]], "max_new_tokens",
 "stop": [str], "stop_token_ids": [int], "ignore_eos", "dtype", "seed", "max_model_len",
-"vllm_args": {...}}. RESULT.json: {"token_ids": [[int]], "load_seconds", "seconds",
+"vllm_args": {...}, "progress": bool (vLLM's progress bar)}. RESULT.json: {"token_ids": [[int]], "load_seconds", "seconds",
 "vllm_version", "device"}. Prompts travel as token ids, so both backends see exactly the
 same input; the caller decodes the output ids with its own tokenizer.
 
@@ -73,7 +73,9 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
         seed=int(request.get("seed", 0)),
     )
     prompts = [{"prompt_token_ids": list(ids)} for ids in request["prompt_token_ids"]]
-    outputs = llm.generate(prompts, sampling, use_tqdm=False)
+    # vLLM's own progress bar (items/s) where a terminal follows this process (in-process use); a
+    # subprocess writes into a log file that is read back only on failure, so none there.
+    outputs = llm.generate(prompts, sampling, use_tqdm=bool(request.get("progress", False)))
     t2 = time.perf_counter()
     return {
         "token_ids": [list(out.outputs[0].token_ids) for out in outputs],
