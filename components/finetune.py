@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -300,23 +301,24 @@ def history_rows(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """(rows, columns) of the Trainer's `state.log_history`, one row per logging step: `step` first,
     then the logged values in the order the Trainer logged them, renamed by `names`; `required`
-    columns exist even if nothing logged them (empty cells: a plot of them must find the column).
-    The end-of-training summary row (train_runtime, train_loss, ...) is left out.
+    columns exist even if nothing logged them. A value not logged is nan (so that a plot skips it:
+    DVC's plots draw an empty cell as 0). The end-of-training summary row (train_runtime, ...) is
+    left out.
 
     >>> rows, cols = history_rows([{"loss": 2.0, "rewards/f/mean": 0.5, "epoch": 0.1, "step": 10},
     ...                            {"train_runtime": 9.0, "train_loss": 1.5, "step": 10}],
     ...                           names={"rewards/f/mean": "f"}, required=("kl",))
     >>> cols, rows
-    (['step', 'loss', 'f', 'epoch', 'kl'], [{'step': 10, 'loss': 2.0, 'f': 0.5, 'epoch': 0.1}])
+    (['step', 'loss', 'f', 'epoch', 'kl'], [{'step': 10, 'loss': 2.0, 'f': 0.5, 'epoch': 0.1, 'kl': nan}])
     """
     names = names or {}
-    rows = [
+    logged = [
         {"step": entry.get("step"), **{names.get(k, k): v for k, v in entry.items() if k != "step"}}
         for entry in log_history
         if "train_runtime" not in entry and set(entry) - {"step", "epoch"}
     ]
-    columns = list(dict.fromkeys([*(k for r in rows for k in r), *required])) or ["step", *required]
-    return rows, columns
+    columns = list(dict.fromkeys(["step", *(k for r in logged for k in r), *required]))
+    return [{c: r.get(c, math.nan) for c in columns} for r in logged], columns
 
 
 # --------------------------------------------------------------------------- samples

@@ -123,26 +123,31 @@ class LineLog:
         self.emit, self.every_s, self.clock = emit, every_s, clock
         self.partial = ""
         self.last = clock()
+        self.sent = ""  # what was last sent of the unfinished line (not sent again when it ends so)
 
     @staticmethod
     def _shown(line: str) -> str:
         """What a terminal shows of a line drawn with carriage returns: its last non-empty redraw."""
         return next((seg for seg in reversed(line.split("\r")) if seg.strip()), "").rstrip()
 
+    def _line_done(self, line: str) -> None:
+        if (shown := self._shown(line)) and shown != self.sent:
+            self.emit(shown)
+            self.last = self.clock()
+        self.sent = ""
+
     def feed(self, text: str) -> None:
         *lines, self.partial = (self.partial + text).split("\n")
         for line in lines:
-            if shown := self._shown(line):
-                self.emit(shown)
-                self.last = self.clock()
+            self._line_done(line)
         if self.every_s is not None and self.partial and self.clock() - self.last >= self.every_s:
-            if shown := self._shown(self.partial):
+            if (shown := self._shown(self.partial)) and shown != self.sent:
                 self.emit(shown)
+                self.sent = shown
             self.last = self.clock()
 
     def close(self) -> None:
-        if shown := self._shown(self.partial):
-            self.emit(shown)
+        self._line_done(self.partial)
         self.partial = ""
 
 

@@ -35,6 +35,8 @@ def accuracy_figure(metrics: dict[str, dict[str, Any]]):
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(ACCURACY_KEYS), figsize=(9, 3.8), sharey=True)
     models = list(metrics)
+    highs = [float((m.get(f"{k}_ci95") or [m.get(k, 0)])[-1]) for m in metrics.values() for k, _ in ACCURACY_KEYS]
+    top = min(1.0, max([0.1, *highs]) * 1.15)  # room above the highest interval, at most 100%
     for ax, (key, title) in zip(axes, ACCURACY_KEYS, strict=True):
         for i, model in enumerate(models):
             m = metrics[model]
@@ -46,7 +48,7 @@ def accuracy_figure(metrics: dict[str, dict[str, Any]]):
             ax.annotate(f"{value:.1%}", (i, value), textcoords="offset points", xytext=(10, -3), fontsize=9)
         ax.set_xticks(range(len(models)), models)
         ax.set_xlim(-0.6, len(models) - 0.4)
-        ax.set_ylim(0, 1)
+        ax.set_ylim(0, top)
         ax.set_title(title, fontsize=10)
         ax.grid(axis="y", alpha=0.3)
     axes[0].set_ylabel("accuracy (95% Wilson interval)")

@@ -101,10 +101,11 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def close_stale_runs(client: Any, exp_id: str, by_run_id: str) -> list[Any]:
+def close_stale_runs(client: Any, exp_id: str, by_run_id: str) -> list[str]:
     """Mark KILLED (with a `grpoflow.killed` tag saying why) every RUNNING run of the experiment that
     a process of this host opened and that process is gone: a pipeline or stage killed before it
-    could close its run. Runs of other hosts are left alone (their processes cannot be checked)."""
+    could close its run. Runs of other hosts are left alone (their processes cannot be checked).
+    Returns a line per run it closed."""
     host = socket.gethostname()
     runs = client.search_runs([exp_id], f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'", max_results=1000)
     closed = []
@@ -112,9 +113,10 @@ def close_stale_runs(client: Any, exp_id: str, by_run_id: str) -> list[Any]:
         pid = r.data.tags.get(PID_TAG, "")
         if r.info.run_id == by_run_id or not pid.isdigit() or _alive(int(pid)):
             continue
-        client.set_tag(r.info.run_id, KILLED_TAG, f"process {pid} on {host} was gone when pipeline run {by_run_id} started")
+        reason = f"process {pid} on {host} was gone when pipeline run {by_run_id} started"
+        client.set_tag(r.info.run_id, KILLED_TAG, reason)
         client.set_terminated(r.info.run_id, "KILLED")
-        closed.append(r)
+        closed.append(f"MLflow run {r.info.run_name} ({r.info.run_id}) marked KILLED: {reason}")
     return closed
 
 
@@ -139,13 +141,12 @@ def parent_run(params: Any, root: str | Path, overrides: list[str] | tuple[str, 
     }
     run = client.create_run(exp_id, run_name=run_name(root, overrides), tags=tags)
     run_id = run.info.run_id
-    for stale in close_stale_runs(client, exp_id, run_id):
-        print(f"MLflow run {stale.info.run_name} ({stale.info.run_id}) marked KILLED: "
-              f"{stale.data.tags[KILLED_TAG]}", flush=True)
-    client.log_batch(run_id, params=[Param(k, v) for k, v in flatten(params.to_dict()).items()])
-    if (root / "params.yaml").is_file():
-        client.log_artifact(run_id, str(root / "params.yaml"), "lineage")
     try:
+        for line in close_stale_runs(client, exp_id, run_id):
+            print(line, flush=True)
+        client.log_batch(run_id, params=[Param(k, v) for k, v in flatten(params.to_dict()).items()])
+        if (root / "params.yaml").is_file():
+            client.log_artifact(run_id, str(root / "params.yaml"), "lineage")
         yield PipelineRun(str(root), run_id, resolve_tracking_uri(params, root))
     except KeyboardInterrupt:
         client.set_terminated(run_id, "KILLED")

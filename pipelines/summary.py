@@ -46,12 +46,18 @@ def summarize(
         "pull": pulled,
         "push": pushed,
         "stages": stages,
-        "metrics": read_metrics(eval_dir),
+        "metrics": dict(sorted(read_metrics(eval_dir).items(), key=lambda kv: _model_rank(kv[0]))),
         "comparison": read_comparison(eval_dir) or {},
         "registration": registration,
         "decision": decision,
         "reports": reports(params),
     }
+
+
+def _model_rank(model: str) -> tuple[int, str]:
+    """Pipeline order (base, sft, grpo), then any other model by name."""
+    order = ("base", "sft", "grpo")
+    return (order.index(model) if model in order else len(order), model)
 
 
 def reports(params: Any) -> dict[str, list[str]]:
@@ -119,13 +125,9 @@ def _ci(m: dict[str, Any], key: str) -> str:
 
 
 def summary_markdown(s: dict[str, Any]) -> str:
-    """The run as markdown: stages, accuracy per model with intervals, the paired comparisons, the
-    registered version and the promotion decision, where the reports are."""
-    out = [f"### grpoflow run `{s.get('name', s['run_id'])}`", ""]
-    out += ["| stage | status | seconds | note |", "|---|---|---:|---|"]
-    for st in s["stages"]:
-        note = f"outputs from run {st['produced_by']}" if st.get("produced_by") else ""
-        out.append(f"| {st['stage']} | {st['status']} | {st['seconds']:.1f} | {note} |")
+    """The run as markdown: accuracy per model with intervals, the paired comparisons, the registered
+    version and the promotion decision, then the stages and where the reports are."""
+    out = [f"### grpoflow run `{s.get('name', s['run_id'])}`"]
     if s["metrics"]:
         out += ["", "| model | accuracy strict | 95% CI | accuracy flexible | 95% CI | format rate | n |",
                 "|---|---:|---|---:|---|---:|---:|"]
@@ -143,6 +145,10 @@ def summary_markdown(s: dict[str, Any]) -> str:
     dec = s.get("decision")
     if dec:
         out.append(f"**Promotion:** {dec['decision']} — {dec['reason']}")
+    out += ["", "| stage | status | seconds | note |", "|---|---|---:|---|"]
+    for st in s["stages"]:
+        note = f"outputs from run {st['produced_by']}" if st.get("produced_by") else ""
+        out.append(f"| {st['stage']} | {st['status']} | {st['seconds']:.1f} | {note} |")
     out += ["", f"dvc pull: {s['pull']}; dvc push: {s['push']}"]
     for folder, files in s.get("reports", {}).items():
         out.append(f"Reports: `{folder}/` ({', '.join(files)})")
