@@ -185,6 +185,14 @@ def _metrics_file(stage: str) -> Any:
     return _f(f"reports/train/{stage}.json", "The stage's summary metrics (a DVC metrics file): steps, loss, seconds, samples.")
 
 
+def _history_file(stage: str) -> Any:
+    return _f(
+        f"reports/train/{stage}_history.csv",
+        "The Trainer's per-step log history as CSV (one row per logging step: loss and, for GRPO, rewards, "
+        "KL, completion length, ...); the data of the training curves of `dvc plots show`.",
+    )
+
+
 def _checkpoint_dir(stage: str) -> Any:
     return _f(
         f"checkpoints/{stage}",
@@ -216,6 +224,7 @@ def _lora() -> Any:
 class SFTConfig:
     output_dir: str = _f("models/sft", "Where the SFT model is written (a standard model folder).")
     metrics_file: str = _metrics_file("sft")
+    history_file: str = _history_file("sft")
     checkpoint_dir: str = _checkpoint_dir("sft")
     resume: bool = _resume()
     demo_untagged_rate: float = _f(
@@ -254,6 +263,7 @@ class GRPOConfig:
     init_dir: str = _f("models/sft", "The model GRPO starts from (and, with beta > 0, the frozen reference).")
     output_dir: str = _f("models/grpo", "Where the GRPO model is written (a standard model folder).")
     metrics_file: str = _metrics_file("grpo")
+    history_file: str = _history_file("grpo")
     checkpoint_dir: str = _checkpoint_dir("grpo")
     resume: bool = _resume()
     num_generations: int = _f(8, "Completions sampled per prompt (the group G).", ge=2)
@@ -712,7 +722,7 @@ OUTPUT_DIRS = (
     "grpo.output_dir", "grpo.checkpoint_dir", "evaluate.output_dir",
 )
 INPUT_DIRS = ("grpo.init_dir",)
-OUTPUT_FILES = ("sft.metrics_file", "grpo.metrics_file")
+OUTPUT_FILES = ("sft.metrics_file", "grpo.metrics_file", "sft.history_file", "grpo.history_file")
 DATA_FOLDER = "data"  # where users keep source files beside the prepared splits
 PROTECTED = (".git", ".dvc")
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from components.config import Params, stage_main
@@ -109,7 +110,9 @@ def run_tracked(params: Params) -> dict[str, Any]:
     """The stage inside its MLflow run; prints the summary as JSON."""
     from components.tracking import stage_run
 
-    with stage_run(STAGE, params):
+    data = data_source(params)
+    local = {Path(data[6:]).stem: (data[6:], "evaluation")} if data.startswith("jsonl:") else None
+    with stage_run(STAGE, params, datasets=local):
         out = run(params)
         log_to_mlflow(out["results"], out["comparison"], out["paths"], params.evaluate.log_items_table)
     print(json.dumps(summary(out["results"], out["comparison"]), indent=2))

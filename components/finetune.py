@@ -1,6 +1,6 @@
 """What the SFT and GRPO stages share: TRL arguments and LoRA from
 params, resuming from checkpoints, and the end of a run (train, save the model folder
-atomically, log sample completions and the summary to MLflow, write the report).
+atomically, log sample completions and the summary to MLflow, write the report and the per-step history CSV).
 
 Not a stage; `components/sft.py` and `components/grpo.py` use it. Under `accelerate launch`
 every process runs the stage: the main process alone logs to MLflow and writes files.
@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from components.errors import ConfigError, InputError
-from components.files import md5_file, tree_digest, write_json
+from components.files import csv_bytes, md5_file, tree_digest, write_bytes, write_json
 from components.tracking import package_versions
 
 log = logging.getLogger("grpoflow.finetune")
@@ -219,9 +220,9 @@ def tracked(stage: str, params: Any, args: Any) -> Iterator[None]:
     """The stage's MLflow run (tracking.stage_run) on the main process; nothing on the others
     (under `accelerate launch` every process runs the stage, one of them logs)."""
     if args.process_index == 0:
-        from components.tracking import stage_run
+        from components.tracking import data_splits, stage_run
 
-        with stage_run(stage, params):
+        with stage_run(stage, params, datasets=data_splits(params, train="training")):
             yield
     else:
         yield
@@ -247,10 +248,13 @@ def train_and_save(
     samples: list[dict[str, str]],
     max_new_tokens: int,
     extra: dict[str, Any] | None = None,
+    history_names: dict[str, str] | None = None,
+    history_required: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Train (resuming from `checkpoint`), save the model folder `cfg.output_dir` atomically (LoRA
     adapters merged when `cfg.use_lora`), answer the sample problems, log the summary to MLflow and
-    write `cfg.metrics_file`; returns the summary. `cfg` is the stage's params section."""
+    write `cfg.metrics_file` and the per-step history `cfg.history_file` (see `history_rows`);
+    returns the summary. `cfg` is the stage's params section."""
     import mlflow
 
     from components.modelio import save_model
@@ -282,12 +286,39 @@ def train_and_save(
         summary.update(log_samples(model, tokenizer, samples, f"{stage}_samples.json", max_new_tokens))
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         write_json(report, summary)
+        rows, columns = history_rows(trainer.state.log_history, history_names, history_required)
+        write_bytes(cfg.history_file, csv_bytes(rows, columns))
         clear_checkpoints(ckpt_dir)
         log.info(
             "%s: wrote %s after %d steps (%.0f s)", stage, output_dir, trainer.state.global_step, seconds
         )
     accelerator.wait_for_everyone()
     return summary
+
+
+def history_rows(
+    log_history: list[dict[str, Any]], names: dict[str, str] | None = None, required: tuple[str, ...] = ()
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """(rows, columns) of the Trainer's `state.log_history`, one row per logging step: `step` first,
+    then the logged values in the order the Trainer logged them, renamed by `names`; `required`
+    columns exist even if nothing logged them. A value not logged is nan (so that a plot skips it:
+    DVC's plots draw an empty cell as 0). The end-of-training summary row (train_runtime, ...) is
+    left out.
+
+    >>> rows, cols = history_rows([{"loss": 2.0, "rewards/f/mean": 0.5, "epoch": 0.1, "step": 10},
+    ...                            {"train_runtime": 9.0, "train_loss": 1.5, "step": 10}],
+    ...                           names={"rewards/f/mean": "f"}, required=("kl",))
+    >>> cols, rows
+    (['step', 'loss', 'f', 'epoch', 'kl'], [{'step': 10, 'loss': 2.0, 'f': 0.5, 'epoch': 0.1, 'kl': nan}])
+    """
+    names = names or {}
+    logged = [
+        {"step": entry.get("step"), **{names.get(k, k): v for k, v in entry.items() if k != "step"}}
+        for entry in log_history
+        if "train_runtime" not in entry and set(entry) - {"step", "epoch"}
+    ]
+    columns = list(dict.fromkeys(["step", *(k for r in logged for k in r), *required]))
+    return [{c: r.get(c, math.nan) for c in columns} for r in logged], columns
 
 
 # --------------------------------------------------------------------------- samples

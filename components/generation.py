@@ -178,6 +178,11 @@ def _run_batches(model, tokenizer, prompt_ids, settings, eos_ids, kwargs, per_pr
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]), reverse=True)
     out: list[list[list[int]]] = [[] for _ in prompt_ids]
     step = max(1, settings.batch_size // per_prompt)  # about batch_size sequences per call
+    from tqdm import tqdm
+
+    # Progress per batch in items/s (stderr, as the Trainer's; shown when piped too: stages run under DVC).
+    bar = tqdm(total=len(order), desc="sampling" if per_prompt > 1 else "generating", unit="item",
+               dynamic_ncols=True, leave=True)
     for start in range(0, len(order), step):
         idx = order[start : start + step]
         width = max(len(prompt_ids[i]) for i in idx)
@@ -202,6 +207,8 @@ def _run_batches(model, tokenizer, prompt_ids, settings, eos_ids, kwargs, per_pr
                     while ids and ids[-1] == pad_id:
                         ids.pop()
             out[idx[row // per_prompt]].append(ids)
+        bar.update(len(idx))
+    bar.close()
     return out
 
 

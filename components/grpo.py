@@ -2,7 +2,9 @@
 
 Reads `grpo.init_dir` (default `models/sft`) and `<data.output_dir>/train.jsonl`; writes
 `grpo.output_dir` (default `models/grpo`), a standard model folder, and
-`grpo.metrics_file` (default `reports/train/grpo.json`). For each prompt the trainer samples `grpo.num_generations`
+`grpo.metrics_file` (default `reports/train/grpo.json`) with the per-step history beside it
+(`grpo.history_file`: loss, reward per function, reward std, KL, completion length,
+frac_reward_zero_std, ...; the data of `dvc plots show`). For each prompt the trainer samples `grpo.num_generations`
 completions at `grpo.temperature`, scores them with `rewards.funcs` weighted by
 `rewards.weights` (components/rewards.py), normalises the rewards within each group into
 advantages and takes clipped policy-gradient steps (`grpo.epsilon`) with a KL penalty to the
@@ -30,8 +32,24 @@ from components.config import Params, stage_main
 from components.errors import ConfigError
 
 STAGE = "grpo"
-_NOT_TRAINING = ("init_dir", "output_dir", "checkpoint_dir", "resume", "sample_size", "metrics_file")
+_NOT_TRAINING = ("init_dir", "output_dir", "checkpoint_dir", "resume", "sample_size", "metrics_file", "history_file")
 COMPLETIONS_TABLE = "grpo_completions.json"
+# Columns dvc.yaml's plots read that TRL does not always log (kl only when beta > 0): present, maybe empty.
+HISTORY_REQUIRED = ("loss", "reward", "reward_std", "kl", "completions/mean_length", "frac_reward_zero_std")
+
+
+def history_names(trl_names: list[str], funcs: list[str]) -> dict[str, str]:
+    """History columns of each reward function named as in `rewards.funcs` (the mean under its own name,
+    the std with `_std`), so that dvc.yaml's per-function plot can list `${rewards.funcs}`.
+
+    >>> history_names(["seed_combined_reward"], ["seed_combined"])
+    {'rewards/seed_combined_reward/mean': 'seed_combined', 'rewards/seed_combined_reward/std': 'seed_combined_std'}
+    """
+    out = {}
+    for trl_name, name in zip(trl_names, funcs, strict=True):
+        out[f"rewards/{trl_name}/mean"] = name
+        out[f"rewards/{trl_name}/std"] = f"{name}_std"
+    return out
 
 
 def recipe(params: Params) -> dict[str, Any]:
@@ -141,7 +159,10 @@ def run(params: Params) -> Path:
             processing_class=tokenizer,
             peft_config=peft_config,
         )
-        finetune.train_and_save(STAGE, trainer, checkpoint, cfg, samples=samples, max_new_tokens=args.max_completion_length or 256)
+        finetune.train_and_save(
+            STAGE, trainer, checkpoint, cfg, samples=samples, max_new_tokens=args.max_completion_length or 256,
+            history_names=history_names(trainer.reward_func_names, params.rewards.funcs), history_required=HISTORY_REQUIRED,
+        )
     return Path(cfg.output_dir)
 
 

@@ -2,7 +2,9 @@
 read by the registry, the promotion gate and the run summary.
 
 In `evaluate.output_dir`: `<model>.json` (metrics, a DVC metrics file), `<model>.items.jsonl`
-(one scored row per problem; the promotion gate pairs items by id) and `comparison.json`.
+(one scored row per problem; the promotion gate pairs items by id), `comparison.json` and
+`accuracy.csv` (accuracy per model and metric with its Wilson interval: the data of the accuracy
+plot in dvc.yaml).
 All files of one evaluation appear together (components/files.py `write_files`).
 """
 
@@ -14,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from components.errors import InputError
-from components.files import JSONLineError, iter_jsonl, json_bytes, jsonl_bytes, write_files
+from components.files import JSONLineError, csv_bytes, iter_jsonl, json_bytes, jsonl_bytes, write_files
 from components.tracking import TAG_PREFIX, metric_key
 
 Results = dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]  # {model: (metrics, items)}
 COMPARISON = "comparison"
+ACCURACY_CSV = "accuracy.csv"
+ACCURACY_METRICS = {"strict": "accuracy_strict", "flexible": "accuracy_flexible"}
 
 
 def write_reports(out_dir: str | os.PathLike, results: Results, comparison: dict[str, Any] | None) -> list[Path]:
@@ -29,7 +33,23 @@ def write_reports(out_dir: str | os.PathLike, results: Results, comparison: dict
         files[f"{name}.items.jsonl"] = jsonl_bytes(items)
     if comparison is not None:
         files[f"{COMPARISON}.json"] = json_bytes(comparison)
+    files[ACCURACY_CSV] = csv_bytes(accuracy_rows({name: m for name, (m, _) in results.items()}))
     return write_files(out_dir, files)
+
+
+def accuracy_rows(metrics: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per model and metric (strict, flexible): accuracy, Wilson 95% interval, n.
+
+    >>> accuracy_rows({"grpo": {"n": 10, "accuracy_strict": 0.5, "accuracy_strict_ci95": [0.24, 0.76]}})
+    [{'model': 'grpo', 'metric': 'strict', 'accuracy': 0.5, 'ci_low': 0.24, 'ci_high': 0.76, 'n': 10}]
+    """
+    rows = []
+    for metric, key in ACCURACY_METRICS.items():
+        for model, m in metrics.items():
+            if key in m:
+                low, high = m.get(f"{key}_ci95") or (None, None)
+                rows.append({"model": model, "metric": metric, "accuracy": m[key], "ci_low": low, "ci_high": high, "n": m.get("n")})
+    return rows
 
 
 def read_metrics(eval_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:

@@ -2,7 +2,8 @@
 
 Reads the base model (`model.base_dir`, written by the `model` stage) and
 `<data.output_dir>/train.jsonl`; writes `sft.output_dir` (default `models/sft`), a standard
-model folder, and `sft.metrics_file` (default `reports/train/sft.json`). Each demonstration is the rendered prompt
+model folder, `sft.metrics_file` (default `reports/train/sft.json`) and the per-step loss history
+`sft.history_file` (`reports/train/sft_history.csv`, plotted by `dvc plots show`). Each demonstration is the rendered prompt
 (components.gsm8k.render_prompt) followed by `<reasoning>solution</reasoning><answer>gold</answer>`
 and eos. Like SFT data pooled from real sources, a share of the demonstrations is noisy on
 purpose (`sft.demo_untagged_rate`, `sft.demo_wrong_rate`; see the README's Training section):
@@ -29,7 +30,7 @@ from components.config import Params, stage_main
 STAGE = "sft"
 _RESULT_RE = re.compile(r"=\s*(-?\d+(?:\.\d+)?)")
 # Settings that do not change what is trained; left out of the resume fingerprint.
-_NOT_TRAINING = ("output_dir", "checkpoint_dir", "resume", "sample_size", "metrics_file")
+_NOT_TRAINING = ("output_dir", "checkpoint_dir", "resume", "sample_size", "metrics_file", "history_file")
 
 
 def untagged_target(solution: str, answer: str) -> str:

@@ -12,7 +12,10 @@ process of one pipeline run writes to the same file), creates the experiment on 
 (with its artifacts under `tracking.artifact_location` for local stores), starts a run
 named after the stage, nested under the pipeline's parent run when the flow put its id in
 GRPOFLOW_PARENT_RUN_ID, logs the params of the stage's sections (those its `dvc.yaml`
-entry lists, else the section named like the stage) flattened as `section.key`, and marks
+entry lists, else the section named like the stage) flattened as `section.key`, tags the run
+with the host and pid of its process (`grpoflow.host`, `grpoflow.pid`: the next pipeline start
+marks a run whose process is gone KILLED), logs the data files it is given as MLflow datasets
+(`log_datasets`: the Datasets column of the runs table, digest = the file's sha256), and marks
 the run FAILED when the body raises (the exception propagates).
 
 Lineage helpers (`git_state`, `package_versions`) are used by the training flow to tag its
@@ -25,12 +28,14 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import os
+import socket
 import subprocess
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from components.files import repo_root
+from components.files import repo_root, sha256_file
 
 PARENT_ENV = "GRPOFLOW_PARENT_RUN_ID"
 # Names: every run tag grpoflow writes starts with TAG_PREFIX; metric names join their parts
@@ -38,6 +43,9 @@ PARENT_ENV = "GRPOFLOW_PARENT_RUN_ID"
 TAG_PREFIX = "grpoflow."
 METRIC_SEP = "/"
 STAGE_TAG = f"{TAG_PREFIX}stage"
+HOST_TAG = f"{TAG_PREFIX}host"  # on every run: the process that opened it
+PID_TAG = f"{TAG_PREFIX}pid"
+SHA256_TAG = f"{TAG_PREFIX}sha256"  # on dataset inputs: the file's full sha256 (MLflow digests hold 36 characters)
 LINEAGE_PACKAGES = ("torch", "transformers", "trl", "peft", "vllm", "prefect", "mlflow", "dvc")
 _LOCAL_SCHEMES = ("sqlite", "file", "")
 
@@ -177,8 +185,48 @@ def stage_sections(stage: str, params: Any, dvc_yaml: str | os.PathLike | None =
     return sections
 
 
+def process_tags() -> dict[str, str]:
+    """The host and pid of this process, tagged on every run it opens."""
+    return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
+
+
+DatasetFiles = Mapping[str, tuple[str | os.PathLike, str]]  # {name: (JSONL file, context)}
+
+
+def data_splits(params: Any, **contexts: str) -> dict[str, tuple[Path, str]]:
+    """{split: (file, context)} of the prepared splits, e.g. data_splits(params, train="training")."""
+    return {split: (Path(params.data.output_dir) / f"{split}.jsonl", ctx) for split, ctx in contexts.items()}
+
+
+def log_datasets(run_id: str, files: DatasetFiles) -> None:
+    """Each existing JSONL file as an MLflow dataset input of the run (schema and row count from its
+    rows, digest = the first 36 hex digits of its sha256, the most MLflow stores; the full sha256 is
+    the input tag `grpoflow.sha256`), with its context (`training`, `evaluation`, ...)."""
+    import mlflow
+    import pandas as pd
+    from mlflow.entities import DatasetInput, InputTag
+
+    inputs = []
+    for name, (path, context) in files.items():
+        path = Path(path)
+        if not path.is_file():
+            continue
+        sha = sha256_file(path)
+        with warnings.catch_warnings():  # MLflow finds two equal ways to read a local path and says so
+            warnings.simplefilter("ignore", UserWarning)
+            dataset = mlflow.data.from_pandas(
+                pd.read_json(path, lines=True, dtype=False), source=str(path.resolve()), name=name, digest=sha[:36]
+            )
+        tags = [InputTag("mlflow.data.context", context), InputTag(SHA256_TAG, sha)]
+        inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=tags))
+    if inputs:
+        mlflow.MlflowClient().log_inputs(run_id, inputs)
+
+
 @contextlib.contextmanager
-def stage_run(stage: str, params: Any, extra_params: Mapping[str, Any] | None = None) -> Iterator[Any]:
+def stage_run(
+    stage: str, params: Any, extra_params: Mapping[str, Any] | None = None, datasets: DatasetFiles | None = None
+) -> Iterator[Any]:
     """An MLflow run for one stage, nested under the flow's parent run when there is one."""
     import mlflow
 
@@ -188,8 +236,10 @@ def stage_run(stage: str, params: Any, extra_params: Mapping[str, Any] | None = 
     nested = active is not None
     if parent and active is not None and active.info.run_id != parent:
         parent = None  # a run of this process is open: nest under it instead of the env's
-    run = mlflow.start_run(run_name=stage, parent_run_id=parent, nested=nested, tags={STAGE_TAG: stage})
+    run = mlflow.start_run(run_name=stage, parent_run_id=parent, nested=nested, tags={STAGE_TAG: stage, **process_tags()})
     try:
+        if datasets:
+            log_datasets(run.info.run_id, datasets)
         logged: dict[str, str] = {}
         if params is not None:
             full = params.to_dict()

@@ -76,12 +76,21 @@ def vllm_request(model_dir, tokenizer_dir, prompt_ids, settings, eos_ids, contex
     }
 
 
+def _echo(chunk: bytes) -> None:
+    buffer = getattr(sys.stderr, "buffer", None)
+    if buffer is not None:
+        buffer.write(chunk)
+    else:  # a captured stderr (tests) takes text
+        sys.stderr.write(chunk.decode("utf-8", errors="replace"))
+    sys.stderr.flush()
+
+
 def vllm_generate(request: dict[str, Any], vllm_python: str = "") -> dict[str, Any]:
     """Run a vLLM request here when vLLM is importable, else in the configured vLLM python."""
     if vllm_importable():
         from components import vllm_worker
 
-        return vllm_worker.generate(request)
+        return vllm_worker.generate({**request, "progress": True})
     python = resolve_vllm_python(vllm_python)
     if python is None:
         raise BackendError(
@@ -89,17 +98,19 @@ def vllm_generate(request: dict[str, Any], vllm_python: str = "") -> dict[str, A
         )
     with tempfile.TemporaryDirectory(prefix="grpoflow-vllm-") as tmp:
         req, res, logf = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "vllm.log")
-        req.write_text(json.dumps(request))
+        req.write_text(json.dumps({**request, "progress": True}))
         env = dict(os.environ)
         env.pop("PYTHONPATH", None)  # the other venv must not import this venv's packages
-        with logf.open("w") as log_fh:
-            proc = subprocess.run(
-                [python, str(WORKER), str(req), str(res)],
-                stdout=log_fh,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=tmp,
-            )
+        with logf.open("wb") as log_fh:
+            proc = subprocess.Popen([python, str(WORKER), str(req), str(res)], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, env=env, cwd=tmp)
+            assert proc.stdout is not None
+            # The worker's output (vLLM's progress bar, items/s, included) reaches this stage's
+            # stderr as it comes, and the log file keeps it for the error message.
+            while chunk := proc.stdout.read1(4096):
+                log_fh.write(chunk)
+                _echo(chunk)
+            proc.wait()
         if proc.returncode != 0 or not res.is_file():
             tail = "\n".join(logf.read_text(errors="replace").splitlines()[-25:])
             raise BackendError(

@@ -10,7 +10,8 @@ The evaluation stage runs in `.venv`; vLLM may live elsewhere (on a CPU machine 
 
 REQUEST.json: {"model", "tokenizer", "prompt_token_ids": [[int]], "max_new_tokens",
 "stop": [str], "stop_token_ids": [int], "ignore_eos", "dtype", "seed", "max_model_len",
-"vllm_args": {...}, "num_samples", "temperature", "sample_seeds": [int]}. RESULT.json:
+"vllm_args": {...}, "num_samples", "temperature", "sample_seeds": [int],
+"progress": bool (vLLM's progress bar)}. RESULT.json:
 {"token_ids": [[int]], "sample_token_ids": [[[int]]], "load_seconds", "seconds",
 "sample_seconds", "vllm_version", "device"}. Prompts travel as token ids, so both backends
 see exactly the same input; the caller decodes the output ids with its own tokenizer.
@@ -90,7 +91,9 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
         seed=int(request.get("seed", 0)),
     )
     prompts = [{"prompt_token_ids": list(ids)} for ids in request["prompt_token_ids"]]
-    outputs = llm.generate(prompts, sampling, use_tqdm=False)
+    # vLLM's own progress bar (items/s) where a terminal follows this process (in-process use); a
+    # subprocess writes into a log file that is read back only on failure, so none there.
+    outputs = llm.generate(prompts, sampling, use_tqdm=bool(request.get("progress", False)))
     t2 = time.perf_counter()
     k = int(request.get("num_samples") or 0)
     samples: list[list[list[int]]] = []
@@ -106,7 +109,7 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
             )
             for seed in request["sample_seeds"]
         ]
-        sampled = llm.generate(prompts, per_prompt, use_tqdm=False)
+        sampled = llm.generate(prompts, per_prompt, use_tqdm=bool(request.get("progress", False)))
         samples = [[list(c.token_ids) for c in out.outputs] for out in sampled]
     t3 = time.perf_counter()
     return {

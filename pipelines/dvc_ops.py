@@ -4,8 +4,10 @@
     stage_order(root)            pipeline stages in dependency order (ties keep dvc.yaml's order)
     lock_entry(root, stage)      the stage's dvc.lock entry; entry_md5() fingerprints it
     default_remote(root)         (name, url) of the default remote
-    run_dvc(args, root, env)     `dvc ARGS`, output streamed to the terminal; (exit code, output tail)
-    push(root, env, stages)      `dvc push --run-cache`, plus the objects of git-tracked outputs
+    run_dvc(args, root, env, log)  `dvc ARGS`, output streamed to the terminal and, as whole lines, to
+                                 `log` (LineLog: a progress bar is one line, not every redraw); (exit
+                                 code, output tail)
+    push(root, env, stages, log)   `dvc push --run-cache`, plus the objects of git-tracked outputs
     stage_env(...)               the environment a stage runs in
 """
 
@@ -18,6 +20,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,8 +118,57 @@ def stage_env(parent_run_id: str | None, tracking_uri: str) -> dict[str, str]:
     return env
 
 
-def run_dvc(args: list[str], root: str | os.PathLike, env: dict[str, str]) -> tuple[int, str]:
+class LineLog:
+    """Terminal output made into log lines: `feed(text)` passes each finished line to `emit`. A line
+    redrawn with carriage returns (a progress bar) is emitted once, in its last state, when it ends;
+    while it keeps being redrawn, its current state at most every `every_s` seconds (None: never).
+
+    >>> out = []
+    >>> log = LineLog(out.append)
+    >>> log.feed("Running stage 'sft'\\n  0%|  | 0/9\\r 50%|# | 4/9\\r100%|##| 9/9\\n{'loss': 1.2}\\n\\nlast")
+    >>> log.close()
+    >>> out
+    ["Running stage 'sft'", '100%|##| 9/9', "{'loss': 1.2}", 'last']
+    """
+
+    def __init__(self, emit: Callable[[str], Any], every_s: float | None = None, clock: Callable[[], float] = time.monotonic):
+        self.emit, self.every_s, self.clock = emit, every_s, clock
+        self.partial = ""
+        self.last = clock()
+        self.sent = ""  # what was last sent of the unfinished line (not sent again when it ends so)
+
+    @staticmethod
+    def _shown(line: str) -> str:
+        """What a terminal shows of a line drawn with carriage returns: its last non-empty redraw."""
+        return next((seg for seg in reversed(line.split("\r")) if seg.strip()), "").rstrip()
+
+    def _line_done(self, line: str) -> None:
+        if (shown := self._shown(line)) and shown != self.sent:
+            self.emit(shown)
+            self.last = self.clock()
+        self.sent = ""
+
+    def feed(self, text: str) -> None:
+        *lines, self.partial = (self.partial + text).split("\n")
+        for line in lines:
+            self._line_done(line)
+        if self.every_s is not None and self.partial and self.clock() - self.last >= self.every_s:
+            if (shown := self._shown(self.partial)) and shown != self.sent:
+                self.emit(shown)
+                self.sent = shown
+            self.last = self.clock()
+
+    def close(self) -> None:
+        self._line_done(self.partial)
+        self.partial = ""
+
+
+def run_dvc(
+    args: list[str], root: str | os.PathLike, env: dict[str, str], log: Callable[[str], Any] | None = None,
+    log_every_s: float | None = 30.0,
+) -> tuple[int, str]:
     """Run `dvc ARGS`, streaming its output (progress bars included); returns (rc, output tail).
+    With `log`, whole lines go there too (LineLog; a running progress bar every `log_every_s` s).
 
     DVC runs under pipelines/guard.py: in a process group of its own that is stopped when this
     process dies, however it dies, and recorded in STAGE_GROUP_FILE for the next run."""
@@ -130,24 +183,32 @@ def run_dvc(args: list[str], root: str | os.PathLike, env: dict[str, str]) -> tu
     partial = ""
     decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode  # chunks split characters
     # Raw chunks, not lines: progress bars redraw with \r and must reach the terminal as they go.
+    lines_log = LineLog(log, log_every_s) if log else None
     while chunk := proc.stdout.read1(4096):
         text = decode(chunk)
         sys.stdout.write(text)
         sys.stdout.flush()
+        if lines_log:
+            lines_log.feed(text)
         *lines, partial = (partial + text).replace("\r", "\n").split("\n")
         tail.extend(lines)
     tail.append(partial)
+    if lines_log:
+        lines_log.close()
     return proc.wait(), "\n".join(line for line in tail if line.strip())
 
 
-def push(root: str | os.PathLike, env: dict[str, str], stages: list[str] | tuple[str, ...] = ()) -> tuple[int, str]:
+def push(
+    root: str | os.PathLike, env: dict[str, str], stages: list[str] | tuple[str, ...] = (),
+    log: Callable[[str], Any] | None = None,
+) -> tuple[int, str]:
     """`dvc push --run-cache [STAGES]`, then the objects of the stages' `cache: false` outputs.
 
     DVC's run cache records every output, and a clone restores a stage from it only when all of
     them are in the remote; but `dvc push` sends only cached outputs, so the git-tracked metrics
     and reports (committed to the local cache when the stage ran) never reach the remote and a
     second clone would run those stages again. This sends them too."""
-    rc, tail = run_dvc(["push", "--run-cache", *stages], root, env)
+    rc, tail = run_dvc(["push", "--run-cache", *stages], root, env, log)
     if rc != 0:
         return rc, tail
     proc = subprocess.run([sys.executable, "-m", "pipelines.dvc_ops", "push-tracked", *stages], cwd=str(root),
@@ -155,6 +216,8 @@ def push(root: str | os.PathLike, env: dict[str, str], stages: list[str] | tuple
     out = (proc.stdout + proc.stderr).strip()
     if out:
         print(out)
+        if log:
+            log(out)
     return proc.returncode, "\n".join(line for line in (tail, out) if line)
 
 

@@ -1,11 +1,16 @@
 """The pipeline's MLflow parent run and the lineage it records.
 
-    parent_run(params, root)           context manager: opens the parent run with the static lineage
-                                       (git commit and dirty flag, all params, package versions, the
-                                       Prefect flow run), yields a PipelineRun, closes it with the outcome
-    record(run, stages, eval_dir)      at the end: dvc.lock (artifact and md5), sha256 of the data
-                                       files, per stage its status, seconds and MLflow run id, and the
-                                       evaluation metrics; returns the lineage tags
+    run_name(root, overrides)          what a run is called in MLflow and Prefect: the short commit and
+                                       the overrides (`3f2a1bc grpo.beta=0.0`), `rerun` added when no
+                                       stage ran; flow_run_name() is the same for Prefect's decorator
+    parent_run(params, root, overrides)  context manager: marks runs whose process is gone KILLED, opens
+                                       the parent run with the static lineage (git commit and dirty flag,
+                                       all params, package versions, the Prefect flow run, host and pid),
+                                       yields a PipelineRun, closes it with the outcome
+    record(run, stages, params)        at the end: dvc.lock (artifact and md5), sha256 of the data files
+                                       (tags, and the splits as MLflow datasets), per stage its status,
+                                       seconds and MLflow run id, and the evaluation metrics (accuracy
+                                       first, so compare views lead with it); returns the lineage tags
     failure_recorded(stage, stages, run)   context manager: a failing stage is recorded, then re-raised
     version_tags(lineage, run)         what a registered model version carries from the pipeline run
 
@@ -16,6 +21,8 @@ found by the md5 of its dvc.lock entry (tag `grpoflow.lock_md5` on stage runs).
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,13 +32,18 @@ from typing import Any
 from components.files import md5_file, sha256_tree
 from components.reports import read_metrics
 from components.tracking import (
+    HOST_TAG,
+    PID_TAG,
     STAGE_TAG,
     TAG_PREFIX,
     configure,
+    data_splits,
     flatten,
     git_state,
+    log_datasets,
     metric_key,
     package_versions,
+    process_tags,
     resolve_tracking_uri,
 )
 
@@ -44,6 +56,10 @@ FLOW_RUN_TAG = f"{TAG_PREFIX}prefect.flow_run_id"
 DVC_LOCK_TAG = f"{TAG_PREFIX}dvc_lock_md5"
 DATA_TAG = f"{TAG_PREFIX}data_sha256."
 STAGES_TAG = f"{TAG_PREFIX}stages."  # grpoflow.stages.<stage>.status | seconds | run_id
+# On a run found RUNNING whose process is gone: why it was marked KILLED.
+KILLED_TAG = f"{TAG_PREFIX}killed"
+STAGE_SECONDS = "stage_seconds"  # metric stage_seconds/<stage>: after the accuracies in compare views
+RERUN = "rerun"
 
 
 @dataclass(frozen=True)
@@ -55,8 +71,57 @@ class PipelineRun:
     tracking_uri: str
 
 
+def run_name(root: str | Path, overrides: list[str] | tuple[str, ...] = (), nothing_ran: bool = False) -> str:
+    """`<short commit> <overrides...>`, plus `rerun` when no stage ran: what a run is called in MLflow
+    and Prefect, so that a list of runs says what each one changed."""
+    commit = git_state(root)["git_commit"]
+    return " ".join([commit[:7] if commit != "unknown" else "no-git", *overrides, *([RERUN] if nothing_ran else [])])
+
+
+def flow_run_name() -> str:
+    """run_name for Prefect's `flow_run_name` (called in the flow run's context, before the body)."""
+    from prefect.runtime import flow_run
+
+    from components.tracking import repo_root
+
+    return run_name(repo_root(), list((flow_run.parameters or {}).get("overrides") or []))
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid exists here (and is not a zombie waiting to be reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def close_stale_runs(client: Any, exp_id: str, by_run_id: str) -> list[str]:
+    """Mark KILLED (with a `grpoflow.killed` tag saying why) every RUNNING run of the experiment that
+    a process of this host opened and that process is gone: a pipeline or stage killed before it
+    could close its run. Runs of other hosts are left alone (their processes cannot be checked).
+    Returns a line per run it closed."""
+    host = socket.gethostname()
+    runs = client.search_runs([exp_id], f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'", max_results=1000)
+    closed = []
+    for r in runs:
+        pid = r.data.tags.get(PID_TAG, "")
+        if r.info.run_id == by_run_id or not pid.isdigit() or _alive(int(pid)):
+            continue
+        reason = f"process {pid} on {host} was gone when pipeline run {by_run_id} started"
+        client.set_tag(r.info.run_id, KILLED_TAG, reason)
+        client.set_terminated(r.info.run_id, "KILLED")
+        closed.append(f"MLflow run {r.info.run_name} ({r.info.run_id}) marked KILLED: {reason}")
+    return closed
+
+
 @contextlib.contextmanager
-def parent_run(params: Any, root: str | Path) -> Iterator[PipelineRun]:
+def parent_run(params: Any, root: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Iterator[PipelineRun]:
     """The pipeline's MLflow parent run: opened with the static lineage, closed with the outcome."""
     import mlflow
     from mlflow.entities import Param
@@ -72,13 +137,16 @@ def parent_run(params: Any, root: str | Path) -> Iterator[PipelineRun]:
         f"{TAG_PREFIX}prefect.flow_run_name": str(flow_run.name or ""),
         PIPELINE_TAG: FLOW_NAME,
         f"{TAG_PREFIX}repo_root": str(root),
+        **process_tags(),
     }
-    run = client.create_run(exp_id, run_name=FLOW_NAME, tags=tags)
+    run = client.create_run(exp_id, run_name=run_name(root, overrides), tags=tags)
     run_id = run.info.run_id
-    client.log_batch(run_id, params=[Param(k, v) for k, v in flatten(params.to_dict()).items()])
-    if (root / "params.yaml").is_file():
-        client.log_artifact(run_id, str(root / "params.yaml"), "lineage")
     try:
+        for line in close_stale_runs(client, exp_id, run_id):
+            print(line, flush=True)
+        client.log_batch(run_id, params=[Param(k, v) for k, v in flatten(params.to_dict()).items()])
+        if (root / "params.yaml").is_file():
+            client.log_artifact(run_id, str(root / "params.yaml"), "lineage")
         yield PipelineRun(str(root), run_id, resolve_tracking_uri(params, root))
     except KeyboardInterrupt:
         client.set_terminated(run_id, "KILLED")
@@ -90,9 +158,9 @@ def parent_run(params: Any, root: str | Path) -> Iterator[PipelineRun]:
         client.set_terminated(run_id, "FINISHED")
 
 
-def record(run: PipelineRun, stages: list[dict[str, Any]], eval_dir: str | None = None) -> dict[str, str]:
-    """dvc.lock, data hashes, per-stage status and the evaluation metrics onto the parent run;
-    returns the lineage tags."""
+def record(run: PipelineRun, stages: list[dict[str, Any]], params: Any = None) -> dict[str, str]:
+    """dvc.lock, data hashes (and the splits as datasets), per-stage status and the evaluation metrics
+    onto the parent run; returns the lineage tags."""
     import mlflow
     from mlflow.entities import Metric
 
@@ -122,17 +190,30 @@ def record(run: PipelineRun, stages: list[dict[str, Any]], eval_dir: str | None 
     client.log_dict(run.run_id, {"stages": stages}, "lineage/stages.json")
     for key, value in tags.items():
         client.set_tag(run.run_id, key, value)
-    # The evaluation metrics (current outputs, whether evaluate ran or was skipped) and stage
-    # durations, so that pipeline runs line up side by side in the MLflow compare view.
+    if params is not None:
+        log_datasets(run.run_id, data_splits(params, train="training", test="evaluation"))
+    # The evaluation metrics (current outputs, whether evaluate ran or was skipped), then the stage
+    # durations, so that pipeline runs line up side by side in the MLflow compare view. MLflow's
+    # compare page starts its parallel-coordinates plot on the first metric a run logged: accuracy.
     now = int(time.time() * 1000)
-    metrics = [Metric(metric_key(s["stage"], "seconds"), float(s["seconds"]), now, 0) for s in stages]
-    evaluated = read_metrics(root / eval_dir) if eval_dir else {}
-    for model, values in evaluated.items():
-        for key, value in values.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                metrics.append(Metric(metric_key(model, key), float(value), now, 0))
+    evaluated = _headline_first(read_metrics(root / params.evaluate.output_dir), params) if params is not None else []
+    metrics = [Metric(metric_key(model, key), value, now, 0) for model, key, value in evaluated]
+    metrics += [Metric(metric_key(STAGE_SECONDS, s["stage"]), float(s["seconds"]), now, 0) for s in stages]
     client.log_batch(run.run_id, metrics=metrics)
     return tags
+
+
+def _headline_first(evaluated: dict[str, dict[str, Any]], params: Any) -> list[tuple[str, str, float]]:
+    """(model, key, value) of the numeric evaluation metrics: the primary metric of every model first
+    (the registered model's first), then the other accuracy, then the rest."""
+    first = [params.evaluate.primary_metric, "accuracy_strict", "accuracy_flexible"]
+    keys = list(dict.fromkeys(first))
+    models = sorted(evaluated, key=lambda m: m != params.register.model_stage)
+    numbers = [
+        (model, key, float(value)) for model in models for key, value in evaluated[model].items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    ]
+    return sorted(numbers, key=lambda t: keys.index(t[1]) if t[1] in keys else len(keys))
 
 
 def _latest_run(client, exp_ids: list[str], filter_string: str):

@@ -3,12 +3,16 @@
     prefect_env_defaults()     telemetry off for this process and the stages it starts
     start_prefect_server()     boot Prefect's temporary API server in the background when no
                                PREFECT_API_URL is set, so that it starts while MLflow and DVC import
+    prefect_api_log()          a function that sends a line to the current Prefect run's log (the UI)
+                               and not to the terminal, which shows the stages' own output already
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+from collections.abc import Callable
 
 TELEMETRY_OFF = {
     "DO_NOT_TRACK": "true",
@@ -44,3 +48,20 @@ def start_prefect_server() -> threading.Thread | None:
     )
     thread.start()
     return thread
+
+
+STAGE_OUTPUT_LOGGER = "grpoflow.stage_output"
+
+
+def prefect_api_log() -> Callable[[str], None]:
+    """`logger.info` of a logger whose only handler is Prefect's API handler: lines reach the flow
+    run's log in the Prefect UI (linked to the task run they are sent from) without being printed a
+    second time on the terminal. Call it, and the function it returns, inside a flow or task run."""
+    from prefect.logging.handlers import APILogHandler
+
+    logger = logging.getLogger(STAGE_OUTPUT_LOGGER)
+    if not any(isinstance(h, APILogHandler) for h in logger.handlers):
+        logger.addHandler(APILogHandler())
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger.info

@@ -12,8 +12,13 @@ reports `ran`, `restored` (from DVC's run cache) or `skipped` by comparing the s
 another process, a failed spawn) but never a stage command that failed. No Prefect caching
 anywhere: dvc.lock is the one cache of stage work (DESIGN.md).
 
+The run is named `<short commit> <overrides>` (`rerun` added when no stage ran) in Prefect and
+MLflow alike; the stages' output reaches the flow run's log in the Prefect UI line by line; at the
+end the summary becomes the MLflow run's description and a Prefect markdown artifact, with link
+artifacts to the MLflow run and the registered version and figures on the MLflow run.
+
 Helpers live beside this module: DVC calls in dvc_ops.py, the parent run and lineage in
-lineage.py, the per-checkout lock in runlock.py, the summary in summary.py.
+lineage.py, the per-checkout lock in runlock.py, the summary in summary.py, figures in figures.py.
 """
 
 from __future__ import annotations
@@ -40,10 +45,11 @@ from pipelines.dvc_ops import (
     stage_env,
     stage_order,
 )
-from pipelines.lineage import FLOW_NAME, PipelineRun, failure_recorded, parent_run
+from pipelines.lineage import FLOW_NAME, PipelineRun, failure_recorded, flow_run_name, parent_run
 from pipelines.placement import submit
 from pipelines.runlock import pipeline_lock
-from pipelines.summary import summarize
+from pipelines.runtime import prefect_api_log
+from pipelines.summary import links, publish_mlflow, summarize, summary_markdown
 
 __all__ = ["training_pipeline", "StageFailed", "TransientError"]
 
@@ -82,7 +88,7 @@ def dvc_pull(run: PipelineRun) -> str:
         return "skipped: no default DVC remote"
     if url and "://" not in url and not (Path(url).is_dir() and any(Path(url).iterdir())):
         return f"skipped: remote '{name}' ({url}) holds no data yet"
-    rc, tail = run_dvc(["pull", "--run-cache", "--allow-missing"], run.root, _env(run))
+    rc, tail = run_dvc(["pull", "--run-cache", "--allow-missing"], run.root, _env(run), prefect_api_log())
     if rc != 0:
         if is_transient(tail):
             raise TransientError(f"dvc pull: {last_line(tail, rc)}")
@@ -102,7 +108,7 @@ def run_stage(stage: str, run: PipelineRun, placement: str = "local") -> dict[st
     start = time.time()
     args = ["repro", "--single-item", stage, *(["--pull"] if default_remote(run.root)[0] else [])]
     print(f"── stage {stage}: dvc {' '.join(args)}", flush=True)
-    rc, tail = run_dvc(args, run.root, _env(run))
+    rc, tail = run_dvc(args, run.root, _env(run), prefect_api_log())
     seconds = round(time.time() - start, 2)
     if rc != 0:
         if is_transient(tail) and "failed to run" not in tail:
@@ -124,7 +130,7 @@ def dvc_push(run: PipelineRun) -> str:
     name, _ = default_remote(run.root)
     if not name:
         return "skipped: no default DVC remote"
-    rc, tail = dvc_ops.push(run.root, _env(run))
+    rc, tail = dvc_ops.push(run.root, _env(run), log=prefect_api_log())
     if rc != 0:
         if is_transient(tail):
             raise TransientError(f"dvc push: {last_line(tail, rc)}")
@@ -135,7 +141,7 @@ def dvc_push(run: PipelineRun) -> str:
 @task(name="lineage", cache_policy=NO_CACHE)
 def record_lineage(run: PipelineRun, stages: list[dict[str, Any]], params: Any) -> dict[str, str]:
     """dvc.lock, data hashes, per-stage status and the evaluation metrics onto the parent run."""
-    return lineage.record(run, stages, params.evaluate.output_dir)
+    return lineage.record(run, stages, params)
 
 
 @task(name="register", cache_policy=NO_CACHE)
@@ -166,18 +172,36 @@ def promote_model(params: Any, registration: dict[str, Any], run: PipelineRun) -
 
 
 @task(name="summary", cache_policy=NO_CACHE)
-def summary(run: PipelineRun, params: Any, stages, pulled, pushed, registration, decision) -> dict[str, Any]:
-    return summarize(run, params, stages, pulled, pushed, registration, decision)
+def summary(run: PipelineRun, params: Any, stages, pulled, pushed, registration, decision, overrides) -> dict[str, Any]:
+    return summarize(run, params, stages, pulled, pushed, registration, decision, overrides)
 
 
-@flow(name=FLOW_NAME, log_prints=True)
+@task(name="publish", cache_policy=NO_CACHE)
+def publish(run: PipelineRun, params: Any, s: dict[str, Any]) -> dict[str, Any]:
+    """The summary where users look: the MLflow run's name, description and figures; the Prefect flow
+    run's name, a markdown artifact and links to the MLflow run and the registered version."""
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    figures = publish_mlflow(run, s, params)
+    create_markdown_artifact(summary_markdown(s), key="training-summary", description=f"grpoflow run {s['name']}")
+    for key, url in links(s).items():
+        create_link_artifact(url, link_text=f"{key.replace('-', ' ')}: {url}", key=key)
+    if flow_run.id and flow_run.name != s["name"]:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_name(flow_run.id, s["name"])
+    return {**s, "figures": figures}
+
+
+@flow(name=FLOW_NAME, log_prints=True, flow_run_name=flow_run_name)
 def training_pipeline(overrides: list[str] | None = None) -> dict[str, Any]:
     """dvc pull → every dvc.yaml stage in graph order → dvc push → lineage → register → promote,
     on the checkout this process runs in (a worker's is fixed: no parameter moves it)."""
     root = str(repo_root())
     with pipeline_lock(root):
         params = apply_params(root, list(overrides or []))
-        with parent_run(params, root) as run:
+        with parent_run(params, root, overrides or []) as run:
             pulled = dvc_pull(run)
             stages: list[dict[str, Any]] = []
             for stage in stages_of(root):
@@ -188,4 +212,5 @@ def training_pipeline(overrides: list[str] | None = None) -> dict[str, Any]:
             lineage_tags = record_lineage(run, stages, params)
             registration = register_model(params, lineage_tags, pushed, run)
             decision = promote_model(params, registration, run)
-            return summary(run, params, stages, pulled, pushed, registration, decision)
+            result = summary(run, params, stages, pulled, pushed, registration, decision, overrides or [])
+            return publish(run, params, result)

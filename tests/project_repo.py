@@ -1,8 +1,9 @@
 """A throw-away checkout of this project with small settings, for end-to-end tests of real stages.
 
-`make_project_repo(path, overrides)` copies the code (components/, dvc.yaml, params.yaml) into a
-fresh git + DVC repository with a local DVC remote, applies SMALL (settings that train and evaluate
-in about a minute on a CPU) and `overrides` to its params.yaml, and commits. The pipeline then runs
+`make_project_repo(path, overrides)` copies the code (components/, dvc.yaml, params.yaml, the plot
+templates in .dvc/plots/) into a fresh git + DVC repository with a local DVC remote, applies SMALL
+(settings that train and evaluate in about a minute on a CPU) and `overrides` to its params.yaml,
+and commits. The pipeline then runs
 there with `python -m pipelines.cli run` (cwd = the copy), exactly as a user's checkout would.
 """
 
@@ -58,6 +59,7 @@ def make_project_repo(path: Path, overrides: list[str] = (), with_flows: bool = 
     git(path, "config", "user.email", "test@example.com")
     git(path, "config", "user.name", "test")
     subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=path, check=True)
+    shutil.copytree(REPO / ".dvc" / "plots", path / ".dvc" / "plots")  # dvc.yaml's plot templates
     subprocess.run([sys.executable, "-m", "dvc", "remote", "add", "-d", "store", str(path.parent / "dvc-remote")],
                    cwd=path, check=True, capture_output=True)
     git(path, "add", "-A")

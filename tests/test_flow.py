@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from components.config import ConfigError, write_overrides
-from pipelines.dvc_ops import StageFailed, stage_order
+from pipelines.dvc_ops import LineLog, StageFailed, stage_order
 from pipelines.lineage import PipelineRun
 from pipelines.runlock import PipelineLocked, pipeline_lock
 from pipelines.training import run_stage, training_pipeline
@@ -60,6 +60,18 @@ def test_project_stage_order_matches_dvc_yaml():
     order = stage_order(REPO)
     assert sorted(order) == sorted(declared)
     assert order[0] == "data"
+
+
+def test_stage_output_reaches_the_log_as_lines_and_a_long_progress_bar_now_and_then():
+    now = [0.0]
+    lines: list[str] = []
+    log = LineLog(lines.append, every_s=30, clock=lambda: now[0])
+    log.feed("Running stage 'grpo':\n")
+    for step in range(1, 10):  # a bar redrawn in place, 10 s per step
+        now[0] = step * 10.0
+        log.feed(f"\r{step}/9 steps")
+    log.feed("\n{'loss': 0.5}\n")
+    assert lines == ["Running stage 'grpo':", "3/9 steps", "6/9 steps", "9/9 steps", "{'loss': 0.5}"]
 
 
 def test_write_overrides_keeps_comments_and_validates(tmp_path):
@@ -270,3 +282,96 @@ def test_summary_names_the_evaluation_backend():
     assert "eval grpo   accuracy_strict=0.12" in text and "maj_at_k_strict=0.2" in text
     metrics["grpo"]["backend"] = metrics["sft"]["backend"] = "transformers"
     assert "evaluation backend: transformers;" in format_summary(summary)
+
+
+def _killed_stage_run(toy) -> str:
+    """A stage run whose process was killed (kill -9) before it could close its run: left RUNNING."""
+    code = textwrap.dedent(
+        """
+        import os, signal
+        from components.config import load_params
+        from components.tracking import stage_run
+        with stage_run("grpo", load_params()) as run:
+            print(run.info.run_id, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=toy, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    return proc.stdout.split()[0]
+
+
+def _prefect_story(flow_run_id: str) -> tuple[str, dict[str, object], list[str]]:
+    """(flow run name, {artifact key: artifact}, log messages) of a flow run, read back from the API."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all()
+    with get_client(sync_client=True) as client:
+        name = client.read_flow_run(flow_run_id).name
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)
+    return name, {a.key: a for a in artifacts}, [log.message for log in logs]
+
+
+def test_the_run_tells_its_story_in_mlflow_and_prefect(toy):
+    """Names that say what changed, the summary as the MLflow description and a Prefect artifact,
+    datasets and a figure on the MLflow run, stage output in the Prefect log, stale runs closed."""
+    import mlflow
+
+    killed = _killed_stage_run(toy)
+    client = mlflow.MlflowClient()
+    exp_id = client.get_run(killed).info.experiment_id
+    elsewhere = client.create_run(exp_id, tags={"grpoflow.host": "another-host", "grpoflow.pid": "999999999"})
+    assert client.get_run(killed).info.status == "RUNNING"
+
+    s1 = training_pipeline(overrides=["register.alpha=0.05"])
+    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=toy, capture_output=True, text=True).stdout.strip()
+    assert s1["name"] == f"{head} register.alpha=0.05"
+
+    # The killed run is closed at the next start, with the reason; another host's run is left alone.
+    stale = client.get_run(killed)
+    assert stale.info.status == "KILLED"
+    assert stale.data.tags["grpoflow.killed"].startswith(f"process {stale.data.tags['grpoflow.pid']} on ")
+    assert s1["run_id"] in stale.data.tags["grpoflow.killed"]
+    assert client.get_run(elsewhere.info.run_id).info.status == "RUNNING"
+
+    parent = client.get_run(s1["run_id"])
+    assert parent.info.run_name == s1["name"] and parent.data.tags["grpoflow.pid"] == str(os.getpid())
+    description = parent.data.tags["mlflow.note.content"]
+    assert f"### grpoflow run `{s1['name']}`" in description
+    assert "| grpo | 0.300 |" in description and "| evaluate | ran |" in description
+    assert "**Model:** grpoflow-policy v1 registered" in description and "**Promotion:** promoted" in description
+    assert list(parent.data.metrics)[0] == "grpo/accuracy_strict"  # what MLflow's compare view starts on
+    assert parent.data.metrics["stage_seconds/grpo"] >= 0
+    datasets = {d.dataset.name: d for d in parent.inputs.dataset_inputs}
+    assert set(datasets) == {"train", "test"}
+    train_sha = hashlib.sha256((toy / "data/processed/train.jsonl").read_bytes()).hexdigest()
+    assert datasets["train"].dataset.digest == train_sha[:36]
+    assert {t.key: t.value for t in datasets["train"].tags} == {"mlflow.data.context": "training", "grpoflow.sha256": train_sha}
+    assert "figures/accuracy.png" in {a.path for a in client.list_artifacts(s1["run_id"], "figures")}
+    grpo_run = client.get_run(s1["stages"][1]["run_id"])
+    assert grpo_run.data.tags["grpoflow.host"] == parent.data.tags["grpoflow.host"]
+    assert grpo_run.data.tags["grpoflow.pid"] != str(os.getpid())  # the stage's own process
+
+    name, artifacts, logs = _prefect_story(parent.data.tags["grpoflow.prefect.flow_run_id"])
+    assert name == s1["name"]
+    assert artifacts["training-summary"].type == "markdown" and artifacts["training-summary"].data == description
+    assert re.search(rf"\]\(http://127\.0\.0\.1:5000/#/experiments/{exp_id}/runs/{s1['run_id']}\)", artifacts["mlflow-run"].data)
+    assert "/#/models/grpoflow-policy/versions/1)" in artifacts["model-version"].data  # Prefect keeps links as markdown
+    assert "Running stage 'grpo':" in logs and "> python toy.py grpo" in logs
+    assert "toy training 5/5" in logs  # a progress bar reaches the log once, in its final state
+    assert not any("toy training 2/5" in m for m in logs)
+
+    # Nothing changed: every stage skipped, and the name says so.
+    s2 = training_pipeline()
+    assert s2["name"] == f"{head} rerun"
+    assert client.get_run(s2["run_id"]).info.run_name == s2["name"]
+    flow_run_id = client.get_run(s2["run_id"]).data.tags["grpoflow.prefect.flow_run_id"]
+    assert _prefect_story(flow_run_id)[0] == s2["name"]

@@ -4,13 +4,14 @@
 remote) whose `dvc.yaml` has the project's stage names, declared out of order so that the
 flow must sort them by the graph:
 
-    prepare  -> data/processed/items.jsonl      (params: toy.yaml prepare.n)
+    prepare  -> data/processed/items.jsonl, train.jsonl, test.jsonl   (params: toy.yaml prepare.n)
     grpo     -> models/grpo (a copy of a real tiny HF model + skill.txt)   (toy.yaml grpo.*)
     evaluate -> reports/eval/grpo.items.jsonl + grpo.json + sft.json        (item i correct iff i % 100 < skill)
 
 The grpo and evaluate stages log to MLflow through `components.tracking.stage_run`;
 prepare does not (the flow then makes its child run). `grpo.fail: true` makes grpo exit 1;
-every grpo execution appends a line to `<repo>/../grpo-runs.log`.
+every grpo execution appends a line to `<repo>/../grpo-runs.log` and draws a progress bar
+(`toy training N/5`, redrawn with carriage returns).
 
     python tests/toy_repo.py DIR MODEL_DIR      # build one by hand
 """
@@ -38,6 +39,10 @@ if stage == "prepare":
     with open("data/processed/items.jsonl", "w") as fh:
         for i in range(cfg["prepare"]["n"]):
             fh.write(json.dumps({"id": f"q{i}"}) + "\\n")
+    for split, n in (("train", 8), ("test", 4)):  # what the flow logs as MLflow datasets
+        with open(f"data/processed/{split}.jsonl", "w") as fh:
+            for i in range(n):
+                fh.write(json.dumps({"id": f"{split}-{i}", "question": f"{i} + 1?", "solution": "", "gold": str(i + 1)}) + "\\n")
     sys.exit(0)
 
 from components.config import load_params
@@ -48,6 +53,9 @@ with stage_run(stage, load_params(), extra_params={"toy": cfg.get(stage, {})}):
     if stage == "grpo":
         with open(Path("..") / "grpo-runs.log", "a") as fh:
             fh.write("ran\\n")
+        for step in range(1, 6):  # a progress bar, redrawn in place as tqdm does
+            print(f"\\rtoy training {step}/5", end="", flush=True)
+        print(flush=True)
         if cfg["grpo"].get("fail"):
             print("toy grpo: failing on purpose", file=sys.stderr)
             sys.exit(1)
@@ -104,6 +112,8 @@ stages:
           - prepare
     outs:
       - data/processed/items.jsonl
+      - data/processed/train.jsonl
+      - data/processed/test.jsonl
 """
 
 
