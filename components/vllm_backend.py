@@ -163,6 +163,8 @@ def server_command(
         "--disable-uvicorn-access-log",
     ]
     for key, value in (vllm_args or {}).items():
+        if str(key).replace("-", "_") == "load_format":
+            continue  # safetensors only (below)
         flag = "--" + str(key).replace("_", "-")
         if value is True:
             cmd.append(flag)
@@ -170,4 +172,4 @@ def server_command(
             cmd.append("--no-" + flag[2:])
         else:
             cmd += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
-    return cmd
+    return [*cmd, "--load-format", "safetensors"]  # weights from safetensors only, never pickles (*.bin)

@@ -80,6 +80,7 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
     if _on_cpu():
         engine_args.update(CPU_DEFAULTS)
     engine_args.update(request.get("vllm_args") or {})
+    engine_args["load_format"] = "safetensors"  # weights from safetensors only, never pickles (*.bin)
     llm = LLM(**engine_args)
     t1 = time.perf_counter()
     sampling = SamplingParams(

@@ -178,3 +178,16 @@ def test_a_request_the_server_rejects_is_not_retried(problems, tmp_path, capsys)
         asked = [b["messages"][-1]["content"] for b in stub.bodies]
         assert 1 <= len(asked) <= 8 and len(set(asked)) == len(asked)  # none retried; queued ones not sent
     assert "HTTP 400" in capsys.readouterr().err
+
+
+def test_served_weights_come_from_safetensors_only(tmp_path):
+    """`grpoflow serve` starts vLLM with --load-format safetensors, whatever evaluate.vllm_args say
+    (a pickled *.bin beside the weights is never loaded)."""
+    import sys
+
+    from components.vllm_backend import server_command
+
+    cmd = server_command(str(tmp_path), served_names=["m"], host="127.0.0.1", port=8000, dtype="float32", seed=0,
+                         vllm_python=sys.executable, vllm_args={"load_format": "pt", "max_num_seqs": 4})
+    assert cmd[cmd.index("--load-format") + 1] == "safetensors" and cmd.count("--load-format") == 1
+    assert cmd[cmd.index("--max-num-seqs") + 1] == "4"
