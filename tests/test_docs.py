@@ -173,11 +173,15 @@ INLINE_OVERRIDE = re.compile(r'`[^`\n]*?-S "?([a-z_]+\.[\w.]+=[^`"\s]*)"?[^`\n]*
 def test_inline_overrides_load():
     """`-S key=value` in the prose (inline code) names a real params key with a valid value."""
     from components.config import load_params
+    from components.errors import ConfigError
 
     found = [(p.name, m) for p in PAGES for m in INLINE_OVERRIDE.findall(p.read_text())]
     assert len(found) >= 8
     for page, text in found:
-        load_params(None, [text])
+        try:
+            load_params(None, [text])
+        except ConfigError as exc:
+            pytest.fail(f"{page}: -S {text}: {exc}")
 
 
 DVC = [(page, argv) for page, argv in COMMANDS if program(argv) == "dvc"]
