@@ -423,7 +423,7 @@ def prefect_server(tmp_path):
 
 
 def test_work_pools_and_deployments_apply_to_a_real_prefect_server(prefect_server):
-    """The README's commands: create the three pools, then `prefect deploy --all`; the server checks
+    """The commands of docs/operations.md: create the three pools, then `prefect deploy --all`; the server checks
     every deployment's job variables against its pool's template. The server authenticates: without
     the credentials a client is turned away."""
     import urllib.error
@@ -559,7 +559,7 @@ def test_scale_out_entry_points_answer_help():
 
 
 def test_dvc_remote_switch_commands_work_in_a_repo(tmp_path):
-    """The README's DVC remote commands, in a scratch git+DVC repo (no S3/GCS access needed)."""
+    """The DVC remote commands of docs/operations.md, in a scratch git+DVC repo (no S3/GCS access needed)."""
     if shutil.which("git") is None:
         pytest.skip("git missing")
     repo = tmp_path / "repo"
@@ -583,7 +583,7 @@ def test_dvc_remote_switch_commands_work_in_a_repo(tmp_path):
 
 
 def test_scale_out_overrides_and_arguments_parse():
-    """The -S overrides and arguments of the README's GRPO, vLLM-server and evaluation commands."""
+    """The -S overrides and arguments of the GRPO, vLLM-server and evaluation commands of docs/operations.md."""
     from trl.scripts.vllm_serve import make_parser
 
     from components.config import load_params

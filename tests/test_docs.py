@@ -1,0 +1,234 @@
+"""Every command the docs show is checked: README.md and docs/*.md, their fenced shell blocks and their
+inline `-S` overrides. A `grpoflow` line parses with the real CLI parser (and its subcommand answers
+--help), a `make` target and its variables exist in the Makefile, `-S` overrides load as params, a
+`dvc` line parses with DVC's own parser, `python -m` modules and scripts exist, and repository paths a
+command names are tracked. Links between the pages resolve, and the README stays one screen long.
+(Commands that need services run for real elsewhere: tests/test_infra.py, tests/slow/.)
+
+    pytest -q tests/test_docs.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
+README_MAX_LINES = 250
+SHELLS = ("bash", "sh", "shell", "console")
+SEPARATORS = {"&&", "||", ";", "|", "&"}
+ENV_ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=")
+REPO_PATH = re.compile(r"^(benchmarks|components|infra|pipelines|requirements|tests)/[\w./-]+$")
+CREATED_BY_THE_COMMAND = {"infra/.env"}  # `cp infra/.env.example infra/.env`
+
+
+def shell_lines(text: str) -> list[str]:
+    """The command lines of the fenced shell blocks: continuations joined, comments kept for shlex.
+
+    >>> shell_lines("x\\n```bash\\na \\\\\\n  b   # c\\n\\nd\\n```\\n```python\\ne\\n```")
+    ['a b   # c', 'd']
+    """
+    lines, inside, pending = [], False, ""
+    for line in text.splitlines():
+        fence = line.strip().startswith("```")
+        if fence:
+            inside = not inside and line.strip()[3:].strip() in SHELLS
+            continue
+        if not inside:
+            continue
+        line = pending + line.strip()
+        if line.endswith("\\"):
+            pending = line[:-1].rstrip() + " "
+            continue
+        pending = ""
+        if line:
+            lines.append(line)
+    return lines
+
+
+def commands(line: str) -> list[list[str]]:
+    """argv of each command on a line (split at && ; | &), leading VAR=value assignments dropped.
+
+    >>> commands("A=1 make demo TORCH_SPEC=x && dvc push   # note")
+    [['make', 'demo', 'TORCH_SPEC=x'], ['dvc', 'push']]
+    """
+    out, argv = [], []
+    for token in [*shlex.split(line, comments=True), ";"]:
+        if token in SEPARATORS:
+            while argv and ENV_ASSIGNMENT.match(argv[0]):
+                argv.pop(0)
+            if argv:
+                out.append(argv)
+            argv = []
+        else:
+            argv.append(token)
+    return out
+
+
+def overrides(argv: list[str]) -> list[str]:
+    """The values of every `-S` in argv.
+
+    >>> overrides(["grpoflow", "run", "-S", "grpo.beta=0.0", "-S", "data.seed=7"])
+    ['grpo.beta=0.0', 'data.seed=7']
+    """
+    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "-S"]
+
+
+def shown() -> list[tuple[str, list[str]]]:
+    return [(p.name, argv) for p in PAGES for line in shell_lines(p.read_text()) for argv in commands(line)]
+
+
+COMMANDS = shown()
+
+
+def ids(rows) -> list[str]:
+    return [f"{page}: {' '.join(argv)[:70]}" for page, argv in rows]
+
+
+def program(argv: list[str]) -> str:
+    return Path(argv[0]).name
+
+
+def test_the_docs_show_commands():
+    assert len(COMMANDS) > 50
+    assert {"grpoflow", "make", "dvc", "python"} <= {program(a) for _, a in COMMANDS}
+
+
+GRPOFLOW = [(page, argv) for page, argv in COMMANDS if program(argv) == "grpoflow"]
+
+
+@pytest.mark.parametrize("page, argv", GRPOFLOW, ids=ids(GRPOFLOW))
+def test_grpoflow_lines_parse(page, argv):
+    from pipelines.cli import build_parser
+
+    try:
+        args = build_parser().parse_args(argv[1:])
+    except SystemExit as exc:
+        pytest.fail(f"{page}: `{' '.join(argv)}` does not parse (exit {exc.code})")
+    assert args.command == argv[1]
+
+
+def test_every_subcommand_is_shown_and_answers_help():
+    from pipelines.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    used = {argv[1] for _, argv in GRPOFLOW}
+    assert sorted(set(sub.choices) - used) == []  # every subcommand has an example in the docs
+    for command in sorted(used):
+        out = subprocess.run(
+            [sys.executable, "-m", "pipelines.cli", command, "--help"], cwd=REPO, capture_output=True, text=True
+        )
+        assert out.returncode == 0 and f"grpoflow {command}" in out.stdout, (command, out.stderr)
+
+
+def makefile() -> tuple[set[str], set[str]]:
+    text = (REPO / "Makefile").read_text()
+    targets = set(re.findall(r"^([\w.-]+)\s*:(?!=)", text, re.M))
+    variables = set(re.findall(r"^([A-Z_]+)\s*[?:]?=", text, re.M))
+    return targets, variables
+
+
+MAKE = [(page, argv) for page, argv in COMMANDS if program(argv) == "make"]
+
+
+@pytest.mark.parametrize("page, argv", MAKE, ids=ids(MAKE))
+def test_make_targets_exist(page, argv):
+    targets, variables = makefile()
+    names = [a for a in argv[1:] if "=" not in a]
+    assigned = [a.split("=", 1)[0] for a in argv[1:] if "=" in a]
+    assert names and sorted(set(names) - targets) == [], page
+    assert sorted(set(assigned) - variables) == [], page
+
+
+def test_the_readme_test_command_is_ci_s():
+    """The README's test command is the one .ci/run runs, and the Makefile's recipe runs the tests."""
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines() if line.startswith("make ")]
+    readme = [argv for line in shell_lines(README.read_text()) for argv in commands(line) if argv[0] == "make"]
+    assert ci[0] == "make test" and ["make", "test"] in readme and ["make", "demo"] in readme
+    recipe = re.search(r"^test:.*\n\t(.+)$", (REPO / "Makefile").read_text(), re.M).group(1)
+    assert "pytest" in recipe and recipe.endswith(" tests")
+
+
+OVERRIDDEN = [(page, argv) for page, argv in COMMANDS if overrides(argv)]
+
+
+@pytest.mark.parametrize("page, argv", OVERRIDDEN, ids=ids(OVERRIDDEN))
+def test_overrides_in_commands_load(page, argv):
+    from components.config import load_params
+
+    load_params(None, overrides(argv))  # raises ConfigError naming the key
+
+
+INLINE_OVERRIDE = re.compile(r'`[^`\n]*?-S "?([a-z_]+\.[\w.]+=[^`"\s]*)"?[^`\n]*`')
+
+
+def test_inline_overrides_load():
+    """`-S key=value` in the prose (inline code) names a real params key with a valid value."""
+    from components.config import load_params
+    from components.errors import ConfigError
+
+    found = [(p.name, m) for p in PAGES for m in INLINE_OVERRIDE.findall(p.read_text())]
+    assert len(found) >= 8
+    for page, text in found:
+        try:
+            load_params(None, [text])
+        except ConfigError as exc:
+            pytest.fail(f"{page}: -S {text}: {exc}")
+
+
+DVC = [(page, argv) for page, argv in COMMANDS if program(argv) == "dvc"]
+
+
+@pytest.mark.parametrize("page, argv", DVC, ids=ids(DVC))
+def test_dvc_lines_parse(page, argv):
+    from dvc.cli.parser import get_main_parser
+
+    try:
+        get_main_parser().parse_args(argv[1:])
+    except SystemExit as exc:
+        pytest.fail(f"{page}: `{' '.join(argv)}` does not parse (exit {exc.code})")
+
+
+def modules_and_scripts(argv: list[str]) -> tuple[list[str], list[str]]:
+    runs_python = program(argv).startswith("python") or argv[:2] == ["accelerate", "launch"]
+    modules = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "-m" and runs_python][:1]  # later -m: the module's
+    scripts = [argv[1]] if program(argv).startswith("python") and len(argv) > 1 and argv[1].endswith(".py") else []
+    return modules, scripts
+
+
+def test_modules_scripts_and_paths_exist():
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split())
+    missing = []
+    for page, argv in COMMANDS:
+        modules, scripts = modules_and_scripts(argv)
+        missing += [(page, m) for m in modules if importlib.util.find_spec(m) is None]
+        paths = scripts + [a for a in argv if REPO_PATH.match(a)]
+        missing += [(page, p) for p in paths if p not in CREATED_BY_THE_COMMAND and not (REPO / p).exists()]
+        if tracked:
+            missing += [(page, p) for p in paths if (REPO / p).is_file() and p not in tracked]
+    assert missing == []
+
+
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_links_resolve_and_every_page_is_linked_from_the_readme():
+    broken = [
+        (p.name, target) for p in PAGES for target in LINK.findall(p.read_text())
+        if "://" not in target and not (p.parent / target).exists()
+    ]
+    assert broken == []
+    linked = {(REPO / t).resolve() for t in LINK.findall(README.read_text()) if "://" not in t}
+    assert sorted(p.name for p in PAGES[1:] if p.resolve() not in linked) == []
+
+
+def test_readme_fits_one_screen():
+    assert len(README.read_text().splitlines()) < README_MAX_LINES
