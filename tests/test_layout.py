@@ -125,6 +125,18 @@ def test_dvc_deps_list_every_module_the_stage_imports(stage):
     assert sorted(declared_code - needed) == []  # no stale entries either
 
 
+@pytest.mark.parametrize("stage", STAGES)
+def test_run_cache_is_on_for_every_stage(stage):
+    """DVC skips its run cache for a stage with a `cache: false` output that is not a metric or a
+    plot (dvc/stage run: no_cache_outs), so a clone could not restore it (regression: the sft,
+    grpo and evaluate stages ran again in a second clone)."""
+    entry = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][stage]
+    for out in entry.get("outs", []):
+        options = next(iter(out.values())) if isinstance(out, dict) else {}
+        assert options.get("cache", True), f"{stage}: {out} is uncached: declare it under metrics or plots"
+        assert not options.get("persist"), f"{stage}: {out} is persist (DVC's run cache ignores the stage)"
+
+
 def test_file_list_follows_the_tree():
     """docs/files.md (linked from the README) names every tracked file once (and nothing that is gone)."""
     import re
