@@ -96,7 +96,7 @@ def test_the_callback_reports_to_the_log_and_mlflow(caplog, tmp_path):
     with mlflow.start_run() as run, caplog.at_level(logging.WARNING, logger="grpoflow.grpo"):
         cb.on_train_begin(args, state, None)
         assert monitor.window == 2
-        for step, entry in zip((10, 20, 30, 40), logs([0.0] * 4, [0.9] * 4)):
+        for step, entry in zip((10, 20, 30, 40), logs([0.0] * 4, [0.9] * 4), strict=True):
             state.global_step = step
             cb.on_log(args, state, None, logs=entry)
     messages = [r.getMessage() for r in caplog.records]
