@@ -10,14 +10,30 @@ prompt) and compares them on the same items (exact McNemar test). Prints one JSO
   sft_format_rate, grpo_format_rate                        share of well-formed completions
   sft_accuracy_in_format, grpo_accuracy_in_format          accuracy among well-formed ones
   sft_accuracy_flexible, grpo_accuracy_flexible            last number in the text
+  flexible                                                 {delta, ci95, p_value} of accuracy_flexible
   sft_seconds, grpo_seconds, total_train_seconds           wall time of each stage process
   sft_cpu_seconds, grpo_cpu_seconds                        CPU time (less sensitive to a busy machine)
+  k, sampled_items                                         k samples per item at grpo.temperature (--k,
+                                                           default evaluate.num_samples) on the first
+                                                           --sample-items test items (default 250)
+  sft_sampled_accuracy, grpo_sampled_accuracy              mean flexible correctness of those samples
+  sft_pass_at_k, grpo_pass_at_k                            unbiased pass@k (flexible) of those samples
+                                                           (components/scoring.py, as `evaluate` does)
+  frac_reward_zero_std                                     mean over GRPO's logs of the share of groups
+                                                           whose rewards are all equal (no signal)
+  sft_continued_accuracy_flexible (+ sft_continued_accuracy, the control: models/sft trained further
+  sft_continued_steps, sft_continued_seconds,              with the SFT recipe for as many steps as fit
+  flexible_vs_continued)                                   in GRPO's training seconds at SFT's measured
+                                                           speed, greedy; paired GRPO - continued
+                                                           (--no-control: off)
 
 A gain in accuracy_in_format or accuracy_flexible is a gain in correctness; a gain in
-format_rate alone is a gain in following the answer format.
+format_rate alone is a gain in following the answer format. GRPO beating the continued-SFT
+control says the gain is not just more training for the same compute. Sampled accuracy rising
+while pass@k falls is GRPO sharpening onto its modes. Every run so far: benchmarks/RESULTS.md.
 
     python benchmarks/grpo_gain.py                     # the claim: defaults, no network
-    python benchmarks/grpo_gain.py -S grpo.trainer.max_steps=50 --keep /tmp/gain
+    python benchmarks/grpo_gain.py -S grpo.trainer.max_steps=50 --keep /tmp/gain --k 0 --no-control
 """
 
 from __future__ import annotations
@@ -67,8 +83,12 @@ def run_stage(workdir: Path, module: str, overrides: list[str], env: dict[str, s
     return wall, cpu
 
 
-def evaluate(workdir: Path, overrides: list[str]) -> dict:
-    """Greedy evaluation of models/sft and models/grpo on the test split, paired."""
+CONTINUED = "sft_continued"  # the control's model folder and report names (models/, reports/train/)
+
+
+def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, continued: bool) -> dict:
+    """Greedy evaluation of models/sft, models/grpo (and the continued-SFT control) on the test split,
+    paired; then k samples per item of the first `sample_items` problems for SFT and GRPO."""
     from components import scoring
     from components.config import load_params
     from components.modelio import resolve_model
@@ -77,11 +97,14 @@ def evaluate(workdir: Path, overrides: list[str]) -> dict:
     cwd = os.getcwd()
     os.chdir(workdir)
     try:
-        params = load_params("params.yaml", overrides)
+        params = load_params("params.yaml", [*overrides, "evaluate.num_samples=0"])
         data = f"jsonl:{Path(params.data.output_dir) / 'test.jsonl'}"
         problems = load_problems(data)
+        models = {"sft": params.sft.output_dir, "grpo": params.grpo.output_dir}
+        if continued:
+            models[CONTINUED] = f"models/{CONTINUED}"
         results = {}
-        for name, folder in (("sft", params.sft.output_dir), ("grpo", params.grpo.output_dir)):
+        for name, folder in models.items():
             metrics, items = scoring.evaluate_model(
                 resolve_model(folder),
                 problems,
@@ -92,10 +115,31 @@ def evaluate(workdir: Path, overrides: list[str]) -> dict:
             )
             results[name] = (metrics, items)
         paired = scoring.compare(results["grpo"][1], results["sft"][1], "accuracy_strict")
+        if continued:
+            vs_continued = scoring.compare(results["grpo"][1], results[CONTINUED][1], "accuracy_flexible")
+        subset = problems[:sample_items] if sample_items else problems
+        sampled = {}
+        if k:  # the evaluate stage's sampled metrics (greedy is redone on the subset: cheap beside k samples)
+            k_params = load_params("params.yaml", [*overrides, f"evaluate.num_samples={k}"])
+            for name in ("sft", "grpo"):
+                sampled[name], _ = scoring.evaluate_model(
+                    resolve_model(models[name]), subset, k_params, protocol="grpoflow", backend="transformers", data=data
+                )
     finally:
         os.chdir(cwd)
 
     out = {"n": paired["n"], "delta": paired["delta"], "ci95": paired["ci95"], "p_value": paired["p_value"]}
+    if continued:
+        metrics = results.pop(CONTINUED)[0]
+        out["sft_continued_accuracy_flexible"] = metrics["accuracy_flexible"]
+        out["sft_continued_accuracy"] = metrics["accuracy_strict"]
+        out["flexible_vs_continued"] = {key: vs_continued[key] for key in ("delta", "ci95", "p_value")}
+    if k:
+        out["k"] = k
+        out["sampled_items"] = len(subset)
+        for name, metrics in sampled.items():
+            out[f"{name}_sampled_accuracy"] = metrics["sampled_accuracy_flexible"]
+            out[f"{name}_pass_at_k"] = metrics["pass_at_k_flexible"]
     for name, (metrics, items) in results.items():
         formatted = [i for i in items if i["format_ok"]]
         out[f"{name}_accuracy"] = metrics["accuracy_strict"]
@@ -105,8 +149,44 @@ def evaluate(workdir: Path, overrides: list[str]) -> dict:
         )
         out[f"{name}_accuracy_flexible"] = metrics["accuracy_flexible"]
         out[f"{name}_mean_completion_tokens"] = metrics["mean_completion_tokens"]
-    out["flexible"] = {k: paired["by_metric"]["accuracy_flexible"][k] for k in ("delta", "ci95", "p_value")}
+    out["flexible"] = {key: paired["by_metric"]["accuracy_flexible"][key] for key in ("delta", "ci95", "p_value")}
     return out
+
+
+def reports(workdir: Path, overrides: list[str]):
+    """The params of the runs in `workdir` (paths of the stage reports)."""
+    from components.config import load_params
+
+    return load_params(workdir / "params.yaml", overrides)
+
+
+def continue_sft(workdir: Path, overrides: list[str], env: dict[str, str]) -> dict:
+    """The same-compute control: models/sft trained further with the SFT recipe (same data, the lr
+    schedule restarted over the new steps) for as many steps as fit in GRPO's training seconds at the
+    first SFT run's speed. Writes models/sft_continued and its own reports beside the first run's."""
+    params = reports(workdir, overrides)
+    sft = json.loads((workdir / params.sft.metrics_file).read_text())
+    grpo = json.loads((workdir / params.grpo.metrics_file).read_text())
+    seconds_per_step = sft["train_seconds"] / max(sft["global_step"], 1)
+    steps = max(1, round(grpo["train_seconds"] / seconds_per_step))
+    train = Path(params.sft.metrics_file).parent
+    control = [
+        f"model.base_dir={params.sft.output_dir}",
+        f"sft.output_dir=models/{CONTINUED}",
+        f"sft.checkpoint_dir=checkpoints/{CONTINUED}",
+        f"sft.metrics_file={train / f'{CONTINUED}.json'}",
+        f"sft.history_file={train / f'{CONTINUED}_history.csv'}",
+        f"sft.trainer.max_steps={steps}",
+    ]
+    run_stage(workdir, "sft", overrides + control, env)
+    summary = json.loads((workdir / train / f"{CONTINUED}.json").read_text())
+    return {"sft_continued_steps": steps, "sft_continued_seconds": summary["train_seconds"]}
+
+
+def zero_std(workdir: Path, overrides: list[str]) -> dict:
+    """GRPO's mean frac_reward_zero_std over its logs (the signal monitor's summary in its report)."""
+    report = json.loads((workdir / reports(workdir, overrides).grpo.metrics_file).read_text())
+    return {"frac_reward_zero_std": report.get("frac_reward_zero_std_mean")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +200,17 @@ def main(argv: list[str] | None = None) -> int:
         help="override a param for every stage (repeatable)",
     )
     parser.add_argument("--keep", metavar="DIR", help="work in DIR (kept) instead of a temporary folder")
+    parser.add_argument(
+        "--k", type=int, default=None, help="samples per item for sampled accuracy and pass@k "
+        "(default: evaluate.num_samples; 0: skip)"
+    )
+    parser.add_argument(
+        "--sample-items", type=int, default=250, metavar="N",
+        help="sample only the first N test items (0: all; 250 x k=8 takes a few minutes on a CPU)",
+    )
+    parser.add_argument(
+        "--no-control", action="store_true", help="skip the continued-SFT control (same compute as GRPO)"
+    )
     args = parser.parse_args(argv)
 
     workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="grpo-gain-"))
@@ -138,7 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         run_stage(workdir, "model", args.overrides, env)
         sft_s, sft_cpu = run_stage(workdir, "sft", args.overrides, env)
         grpo_s, grpo_cpu = run_stage(workdir, "grpo", args.overrides, env)
-        result = evaluate(workdir, args.overrides)
+        control = {} if args.no_control else continue_sft(workdir, args.overrides, env)
+        k = reports(workdir, args.overrides).evaluate.num_samples if args.k is None else args.k
+        result = evaluate(workdir, args.overrides, k, args.sample_items, not args.no_control)
+        result.update(control)
+        result.update(zero_std(workdir, args.overrides))
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -289,6 +289,27 @@ class GRPOConfig:
         choices=["colocate", "server"],
     )
     sample_size: int = _sample_size()
+    signal_window: int = _f(
+        100,
+        "Signal monitor (components/signal_monitor.py): training steps its means run over "
+        "(signal_window // trainer.logging_steps logs, at least 1).",
+        ge=1,
+    )
+    signal_zero_std: float = _f(
+        0.70,
+        "Signal monitor: warn when the window's mean frac_reward_zero_std (groups with all rewards equal) is "
+        "above this; the warning says too hard or too easy from the mean reward. 1 turns it off.",
+        ge=0.0, le=1.0,
+    )
+    signal_flat_reward: float = _f(
+        0.02,
+        "Signal monitor: call the reward flat (a second warning) when, with zero-std above signal_zero_std, the "
+        "window's mean reward differs from the first window's by less than this.",
+        ge=0.0,
+    )
+    signal_max_kl: float = _f(
+        0.1, "Signal monitor: warn when the window's mean KL to the reference model is above this (policy drift).", ge=0.0
+    )
     use_lora: bool = _use_lora()
     lora: dict[str, Any] = _lora()
     trainer: dict[str, Any] = _f(

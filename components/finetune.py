@@ -24,7 +24,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -250,11 +250,13 @@ def train_and_save(
     extra: dict[str, Any] | None = None,
     history_names: dict[str, str] | None = None,
     history_required: tuple[str, ...] = (),
+    after_training: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Train (resuming from `checkpoint`), save the model folder `cfg.output_dir` atomically (LoRA
     adapters merged when `cfg.use_lora`), answer the sample problems, log the summary to MLflow and
     write `cfg.metrics_file` and the per-step history `cfg.history_file` (see `history_rows`);
-    returns the summary. `cfg` is the stage's params section."""
+    returns the summary. `cfg` is the stage's params section; `after_training()`, if given, adds
+    values known only once training is over (the GRPO signal monitor's)."""
     import mlflow
 
     from components.modelio import save_model
@@ -274,6 +276,7 @@ def train_and_save(
         "train_seconds": round(seconds, 1),
         "resumed_from": checkpoint,
         **(extra or {}),
+        **(after_training() if after_training else {}),
     }
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(trainer.model)

@@ -14,6 +14,9 @@ LoRA (`grpo.use_lora`) and vLLM generation (`grpo.use_vllm`, colocate or server)
 MLflow (through transformers' integration, inside the stage's run): loss, each reward's mean
 and std, KL, clip ratios, frac_reward_zero_std, completion lengths, learning rate at every
 logging step, and a table of sampled completions with their rewards and advantages.
+A signal monitor (components/signal_monitor.py, `grpo.signal_*`) warns in the log and the MLflow
+run when most groups carry no learning signal (task too hard or too easy) or the KL drifts, and
+adds `frac_reward_zero_std_mean` and `signal_warnings` to the summary.
 Crash safety as in components/sft.py: checkpoints every `grpo.trainer.save_steps`, resume
 from the newest on re-run, atomic replacement of the model folder.
 
@@ -32,7 +35,10 @@ from components.config import Params, stage_main
 from components.errors import ConfigError
 
 STAGE = "grpo"
-_NOT_TRAINING = ("init_dir", "output_dir", "checkpoint_dir", "resume", "sample_size", "metrics_file", "history_file")
+_NOT_TRAINING = (
+    "init_dir", "output_dir", "checkpoint_dir", "resume", "sample_size", "metrics_file", "history_file",
+    "signal_window", "signal_zero_std", "signal_flat_reward", "signal_max_kl",  # the monitor only watches
+)
 COMPLETIONS_TABLE = "grpo_completions.json"
 # Columns dvc.yaml's plots read that TRL does not always log (kl only when beta > 0): present, maybe empty.
 HISTORY_REQUIRED = ("loss", "reward", "reward_std", "kl", "completions/mean_length", "frac_reward_zero_std")
@@ -126,7 +132,7 @@ def run(params: Params) -> Path:
     """Train and write the GRPO model folder; returns its path."""
     from datasets import Dataset
 
-    from components import finetune, gsm8k, modelio
+    from components import finetune, gsm8k, modelio, signal_monitor
     from components.rewards import build_rewards
     from components.sources import read_split
 
@@ -134,7 +140,7 @@ def run(params: Params) -> Path:
     args, peft_config = trainer_settings(params)  # fails before any data or model is loaded
     modelio.require_model_dir(cfg.init_dir, "SFT model", "sft")
     try:
-        reward_funcs, _ = build_rewards(params.rewards)
+        reward_funcs, weights = build_rewards(params.rewards)
     except ValueError as exc:
         raise ConfigError(f"rewards: {exc}") from None
     rows = read_split(data_dir / "train.jsonl")
@@ -150,6 +156,14 @@ def run(params: Params) -> Path:
     fp = finetune.fingerprint(STAGE, training_settings(params), [data_dir / "train.jsonl", cfg.init_dir])
     checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, STAGE)
 
+    monitor = signal_monitor.SignalMonitor(
+        window=1,  # set from trainer.logging_steps when training starts
+        zero_std=cfg.signal_zero_std,
+        flat_reward=cfg.signal_flat_reward,
+        max_kl=cfg.signal_max_kl,
+        max_reward=signal_monitor.max_reward(weights),
+    )
+
     with finetune.tracked(STAGE, params, args):
         trainer = _trainer_class()(
             model=model,
@@ -158,10 +172,12 @@ def run(params: Params) -> Path:
             train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=peft_config,
+            callbacks=[signal_monitor.callback(monitor, cfg.signal_window)],
         )
         finetune.train_and_save(
             STAGE, trainer, checkpoint, cfg, samples=samples, max_new_tokens=args.max_completion_length or 256,
             history_names=history_names(trainer.reward_func_names, params.rewards.funcs), history_required=HISTORY_REQUIRED,
+            after_training=monitor.summary,
         )
     return Path(cfg.output_dir)
 

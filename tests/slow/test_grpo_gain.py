@@ -1,0 +1,65 @@
+"""benchmarks/grpo_gain.py end to end on a tiny configuration: data, model, SFT, GRPO, the
+continued-SFT control, greedy and sampled evaluation; the JSON has every key the README and
+benchmarks/RESULTS.md quote. Few minutes on two cores.
+
+    pytest -q tests/slow/test_grpo_gain.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import grpo_gain
+
+pytestmark = pytest.mark.slow
+
+TINY = [
+    "data.synthetic_train_size=48",
+    "data.synthetic_test_size=8",
+    "model.tiny_hidden_size=32",
+    "model.tiny_intermediate_size=64",
+    "model.tiny_num_layers=1",
+    "model.tiny_num_heads=2",
+    "model.tiny_vocab_size=300",
+    "sft.sample_size=0",
+    "sft.trainer.max_steps=4",
+    "sft.trainer.per_device_train_batch_size=4",
+    "sft.trainer.logging_steps=2",
+    "sft.trainer.save_steps=2",
+    "grpo.sample_size=0",
+    "grpo.num_generations=4",
+    "grpo.signal_window=2",
+    "grpo.trainer.max_steps=4",
+    "grpo.trainer.per_device_train_batch_size=8",
+    "grpo.trainer.max_completion_length=16",
+    "grpo.trainer.logging_steps=2",
+    "grpo.trainer.save_steps=2",
+    "evaluate.max_new_tokens=16",
+]
+
+
+def test_grpo_gain_reports_every_key(tmp_path, capsys):
+    assert grpo_gain.main([*(a for o in TINY for a in ("-S", o)), "--k", "2", "--sample-items", "4",
+                           "--keep", str(tmp_path / "gain")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    for key in (
+        "sft_accuracy", "grpo_accuracy", "delta", "p_value", "n", "sft_accuracy_flexible", "grpo_accuracy_flexible",
+        "sft_sampled_accuracy", "grpo_sampled_accuracy", "sft_pass_at_k", "grpo_pass_at_k",
+        "sft_continued_accuracy_flexible", "flexible_vs_continued", "sft_continued_steps",
+        "sft_seconds", "grpo_seconds",
+    ):
+        assert key in result, key
+    assert result["k"] == 2 and result["sampled_items"] == 4 and result["n"] == 8
+    assert 0.0 <= result["frac_reward_zero_std"] <= 1.0
+    for key in ("sft_sampled_accuracy", "grpo_pass_at_k", "sft_continued_accuracy_flexible"):
+        assert 0.0 <= result[key] <= 1.0
+    # the control trained its own model and kept the first SFT run's report
+    train = tmp_path / "gain" / "reports" / "train"
+    assert json.loads((train / "sft.json").read_text())["global_step"] == 4
+    assert json.loads((train / "sft_continued.json").read_text())["global_step"] == result["sft_continued_steps"]
+    # a 4-step SFT model earns no reward: every group has zero std and the signal monitor said so
+    grpo = json.loads((train / "grpo.json").read_text())
+    assert grpo["frac_reward_zero_std_mean"] == result["frac_reward_zero_std"] == 1.0
+    assert grpo["signal_warnings"] == 2  # zero_std, then reward_flat; each once
