@@ -43,11 +43,28 @@ def start_prefect_server() -> threading.Thread | None:
         return None
     from prefect.server.api.server import SubprocessASGIServer
 
-    thread = threading.Thread(
-        target=SubprocessASGIServer().start, kwargs={"timeout": SERVER_STARTUP_TIMEOUT_S}, daemon=True
-    )
+    thread = _Booting(target=SubprocessASGIServer().start, kwargs={"timeout": SERVER_STARTUP_TIMEOUT_S}, daemon=True)
     thread.start()
     return thread
+
+
+class _Booting(threading.Thread):
+    """The server's start-up thread. Its failure is raised by join() in the caller, not printed as a
+    thread traceback, which is also what happens when the process exits (a pre-flight error) while
+    the server is still starting and Prefect's exit hook stops it."""
+
+    error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except BaseException as exc:  # noqa: BLE001 (handed to join())
+            self.error = exc
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
 
 
 STAGE_OUTPUT_LOGGER = "grpoflow.stage_output"

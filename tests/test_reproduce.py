@@ -47,7 +47,7 @@ def test_reproduce_a_clean_version(toy, tmp_path, capsys):
 
     assert reproduce("1") == 2
     assert "grpoflow-policy v1: not in the registry" in capsys.readouterr().err
-    assert training_pipeline(repo=str(toy))["registration"]["version"] == "1"
+    assert training_pipeline()["registration"]["version"] == "1"
     before = runs_in()
     capsys.readouterr()
 
@@ -55,7 +55,7 @@ def test_reproduce_a_clean_version(toy, tmp_path, capsys):
     assert reproduce("1", "--workdir", str(work)) == 0
     out = capsys.readouterr().out
     assert "nothing known that would keep it from reproducing exactly" in out
-    assert "grpo/accuracy_strict" in out and "reproduced: 6 of 6 metrics identical" in out
+    assert "grpo/accuracy_strict" in out and "reproduced: 7 of 7 metrics identical" in out
     report = json.loads((work / "reproduce.json").read_text())
     assert report["ok"] and {r["status"] for r in report["metrics"]} == {"same"}
     assert set(report["outputs"].values()) == {"identical"}  # the toy's metrics hold no timings
@@ -66,7 +66,7 @@ def test_reproduce_a_clean_version(toy, tmp_path, capsys):
     cached = tmp_path / "cached" / "copy"
     assert reproduce("1", "--workdir", str(cached), "--from-cache") == 0
     out = capsys.readouterr().out
-    assert "restoring the outputs from the DVC remote" in out and "reproduced: 6 of 6" in out
+    assert "restoring the outputs from the DVC remote" in out and "reproduced: 7 of 7" in out
     assert not (cached.parent / "grpo-runs.log").exists()  # grpo's outputs came from the remote
 
     (tmp_path / "full").mkdir()
@@ -83,7 +83,7 @@ def test_reproduce_a_clean_version(toy, tmp_path, capsys):
     out = capsys.readouterr().out
     up_front = out.split("working copy:")[0]
     assert "library versions differ" in up_front and "torch 0.0.1 (run)" in up_front
-    assert "differs" in out and "not reproduced: 1 of 6" in out
+    assert "differs" in out and "not reproduced: 1 of 7" in out
     assert reproduce("1", "--workdir", str(tmp_path / "w2"), "--tolerance", "0.7") == 0  # 0.3 vs 0.9
 
     remote = toy.parent / "dvc-remote"
@@ -97,7 +97,7 @@ def test_reproduce_a_clean_version(toy, tmp_path, capsys):
 
 def test_a_dirty_tree_is_named_and_its_changes_are_not_reproduced(toy, tmp_path, capsys):
     write_toy_params(toy, skill=50)  # a change to a tracked file, not committed
-    training_pipeline(repo=str(toy))
+    training_pipeline()
     capsys.readouterr()
     assert reproduce("1", "--workdir", str(tmp_path / "w")) == 1
     out = capsys.readouterr().out

@@ -93,13 +93,14 @@ def test_the_callback_reports_to_the_log_and_mlflow(caplog, tmp_path):
     cb = callback(monitor, window_steps=20)
     state = SimpleNamespace(logging_steps=10, log_history=[], global_step=0, is_world_process_zero=True)
     args = SimpleNamespace(logging_steps=10)
+    mlflow.set_experiment("signal-monitor")  # not an experiment id another test left active
     with mlflow.start_run() as run, caplog.at_level(logging.WARNING, logger="grpoflow.grpo"):
         cb.on_train_begin(args, state, None)
         assert monitor.window == 2
         for step, entry in zip((10, 20, 30, 40), logs([0.0] * 4, [0.9] * 4), strict=True):
             state.global_step = step
             cb.on_log(args, state, None, logs=entry)
-    messages = [r.getMessage() for r in caplog.records]
+    messages = [r.getMessage() for r in caplog.records if r.name == "grpoflow.grpo"]
     assert len(messages) == 2 and "too hard" in messages[0]  # zero_std at step 20, reward_flat at step 40
     data = mlflow.get_run(run.info.run_id).data
     assert "too hard" in data.tags[TAG]
