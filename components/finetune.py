@@ -283,8 +283,11 @@ def train_and_save(
         if lora:
             model = model.merge_and_unload()
         tokenizer = trainer.processing_class
+        # The model folder holds no timings: the same params give a byte-identical folder (DVC's
+        # hash, `grpoflow reproduce`); the report and MLflow keep them.
+        provenance = {k: v for k, v in summary.items() if not _is_timing(k)}
         save_model(
-            model, tokenizer, output_dir, {"grpoflow_stage.json": summary}, state_dict=state_dict
+            model, tokenizer, output_dir, {"grpoflow_stage.json": provenance}, state_dict=state_dict
         )
         summary.update(log_samples(model, tokenizer, samples, f"{stage}_samples.json", max_new_tokens))
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
@@ -299,16 +302,21 @@ def train_and_save(
     return summary
 
 
+def _is_timing(key: str) -> bool:
+    """Wall-clock values, which differ run to run: train_seconds, step_time, samples_per_second, ..."""
+    return key.endswith(("_seconds", "_time", "_runtime", "_per_second"))
+
+
 def history_rows(
     log_history: list[dict[str, Any]], names: dict[str, str] | None = None, required: tuple[str, ...] = ()
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """(rows, columns) of the Trainer's `state.log_history`, one row per logging step: `step` first,
     then the logged values in the order the Trainer logged them, renamed by `names`; `required`
     columns exist even if nothing logged them. A value not logged is nan (so that a plot skips it:
-    DVC's plots draw an empty cell as 0). The end-of-training summary row (train_runtime, ...) is
-    left out.
+    DVC's plots draw an empty cell as 0). The end-of-training summary row (train_runtime, ...) and
+    timings (step_time, ...) are left out: the same params give the same file.
 
-    >>> rows, cols = history_rows([{"loss": 2.0, "rewards/f/mean": 0.5, "epoch": 0.1, "step": 10},
+    >>> rows, cols = history_rows([{"loss": 2.0, "rewards/f/mean": 0.5, "epoch": 0.1, "step_time": 0.3, "step": 10},
     ...                            {"train_runtime": 9.0, "train_loss": 1.5, "step": 10}],
     ...                           names={"rewards/f/mean": "f"}, required=("kl",))
     >>> cols, rows
@@ -316,7 +324,7 @@ def history_rows(
     """
     names = names or {}
     logged = [
-        {"step": entry.get("step"), **{names.get(k, k): v for k, v in entry.items() if k != "step"}}
+        {"step": entry.get("step"), **{names.get(k, k): v for k, v in entry.items() if k != "step" and not _is_timing(k)}}
         for entry in log_history
         if "train_runtime" not in entry and set(entry) - {"step", "epoch"}
     ]

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -313,11 +314,23 @@ def _prefect_story(flow_run_id: str) -> tuple[str, dict[str, object], list[str]]
     from prefect.logging.handlers import APILogWorker
 
     APILogWorker.drain_all()
+    log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
     with get_client(sync_client=True) as client:
         name = client.read_flow_run(flow_run_id).name
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), limit=200)
-    return name, {a.key: a for a in artifacts}, [log.message for log in logs]
+        # The server writes logs in batches, later under load: read until two reads agree.
+        messages: list[str] = []
+        deadline = time.monotonic() + 60
+        while True:
+            page, read = [], None
+            while read is None or len(read) == 200:
+                read = client.read_logs(log_filter=log_filter, limit=200, offset=len(page))
+                page += [log.message for log in read]
+            if (page and page == messages) or time.monotonic() > deadline:
+                break
+            messages = page
+            time.sleep(2)
+    return name, {a.key: a for a in artifacts}, messages
 
 
 def test_the_run_tells_its_story_in_mlflow_and_prefect(toy):
