@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.Popen(argv, start_new_session=True)
     group_file = os.environ.get(GROUP_FILE_ENV)
     if group_file:
+        Path(group_file).parent.mkdir(parents=True, exist_ok=True)  # a fresh copy has no .dvc/tmp yet
         Path(group_file).write_text(f"{proc.pid} {_start_time(proc.pid)}\n")
 
     def stop(signum, frame):

@@ -78,3 +78,15 @@ def test_next_run_stops_an_orphaned_group_in_its_checkout_only(tmp_path):
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_the_group_file_folder_need_not_exist(tmp_path):
+    """A fresh working copy has no .dvc/tmp until DVC makes it: the guard creates the folder
+    (regression: a stage placed on a work pool failed with FileNotFoundError)."""
+    from pipelines.guard import GROUP_FILE_ENV
+
+    group_file = tmp_path / "fresh" / ".dvc" / "tmp" / "grpoflow-stage.group"
+    env = {**os.environ, GROUP_FILE_ENV: str(group_file), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "pipelines.guard", sys.executable, "-c", "print('ran')"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr
