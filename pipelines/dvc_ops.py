@@ -8,6 +8,7 @@
                                  `log` (LineLog: a progress bar is one line, not every redraw); (exit
                                  code, output tail)
     push(root, env, stages, log)   `dvc push --run-cache`, plus the objects of git-tracked outputs
+    pull(root, env, stages, log)   `dvc pull --allow-missing`, plus the git-tracked outputs of dvc.lock
     stage_env(...)               the environment a stage runs in
 """
 
@@ -211,7 +212,23 @@ def push(
     rc, tail = run_dvc(["push", "--run-cache", *stages], root, env, log)
     if rc != 0:
         return rc, tail
-    proc = subprocess.run([sys.executable, "-m", "pipelines.dvc_ops", "push-tracked", *stages], cwd=str(root),
+    return _tracked("push-tracked", root, env, stages, log, tail)
+
+
+def pull(
+    root: str | os.PathLike, env: dict[str, str], stages: list[str] | tuple[str, ...] = (),
+    log: Callable[[str], Any] | None = None,
+) -> tuple[int, str]:
+    """`dvc pull --allow-missing [STAGES]`, then the stages' `cache: false` outputs as recorded in
+    dvc.lock (what a stage that ran elsewhere wrote; `dvc pull` leaves git-tracked outputs alone)."""
+    rc, tail = run_dvc(["pull", "--allow-missing", *stages], root, env, log)
+    if rc != 0:
+        return rc, tail
+    return _tracked("pull-tracked", root, env, stages, log, tail)
+
+
+def _tracked(command: str, root, env, stages, log, tail: str) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "pipelines.dvc_ops", command, *stages], cwd=str(root),
                           env=env, capture_output=True, text=True)
     out = (proc.stdout + proc.stderr).strip()
     if out:
@@ -221,13 +238,17 @@ def push(
     return proc.returncode, "\n".join(line for line in (tail, out) if line)
 
 
+def _uncached_outs(repo: Any, stages: list[str]) -> list[Any]:
+    return [out for stage in repo.index.stages if not stages or stage.name in stages
+            for out in stage.outs if not out.use_cache and out.hash_info and out.hash_info.value]
+
+
 def _push_tracked(stages: list[str]) -> int:
     """The `cache: false` outputs' objects that are in the local cache, to the default remote."""
     from dvc.repo import Repo
 
     with Repo(".") as repo:
-        objs = {out.hash_info for stage in repo.index.stages if not stages or stage.name in stages
-                for out in stage.outs if not out.use_cache and out.hash_info and out.hash_info.value}
+        objs = {out.hash_info for out in _uncached_outs(repo, stages)}
         objs = {obj for obj in objs if repo.cache.local.exists(obj.value)}
         if not objs:
             return 0
@@ -240,6 +261,33 @@ def _push_tracked(stages: list[str]) -> int:
     return 0
 
 
+def _pull_tracked(stages: list[str]) -> int:
+    """The `cache: false` outputs of dvc.lock from the default remote into the workspace (files only)."""
+    from dvc.repo import Repo
+
+    from components.files import write_bytes  # atomic
+
+    with Repo(".") as repo:
+        outs = [out for out in _uncached_outs(repo, stages) if not out.hash_info.isdir]
+        missing = {out.hash_info for out in outs if not repo.cache.local.exists(out.hash_info.value)}
+        if missing:
+            result = repo.cloud.pull(missing)
+            if result.failed:
+                print(f"dvc pull: {len(result.failed)} git-tracked output(s) not in the remote: "
+                      + ", ".join(str(o.def_path) for o in outs if o.hash_info in result.failed), file=sys.stderr)
+                return 1
+        restored = 0
+        for out in outs:
+            data = Path(repo.cache.local.oid_to_path(out.hash_info.value)).read_bytes()
+            path = Path(out.fs_path)
+            if not path.is_file() or path.read_bytes() != data:
+                write_bytes(path, data)
+                restored += 1
+        if restored:
+            print(f"{restored} git-tracked output(s) restored from the remote")
+    return 0
+
+
 def last_line(tail: str, rc: int) -> str:
     """The line of DVC's output worth showing in a one-line status (the exit code if it printed none)."""
     return tail.splitlines()[-1] if tail else str(rc)
@@ -249,7 +297,8 @@ def is_transient(tail: str) -> bool:
     return any(m in tail for m in TRANSIENT_MARKERS)
 
 
-if __name__ == "__main__":  # `python -m pipelines.dvc_ops push-tracked [STAGE...]`, run by push()
-    if sys.argv[1:2] != ["push-tracked"]:
-        sys.exit("usage: python -m pipelines.dvc_ops push-tracked [STAGE...]")
-    sys.exit(_push_tracked(sys.argv[2:]))
+if __name__ == "__main__":  # `python -m pipelines.dvc_ops push-tracked|pull-tracked [STAGE...]` (push(), pull())
+    commands = {"push-tracked": _push_tracked, "pull-tracked": _pull_tracked}
+    if sys.argv[1:2] == [] or sys.argv[1] not in commands:
+        sys.exit("usage: python -m pipelines.dvc_ops push-tracked|pull-tracked [STAGE...]")
+    sys.exit(commands[sys.argv[1]](sys.argv[2:]))

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from components.errors import ConfigError
-from pipelines.dvc_ops import StageFailed, default_remote, entry_md5, run_dvc, stage_env
+from pipelines import dvc_ops
+from pipelines.dvc_ops import StageFailed, default_remote, entry_md5, stage_env
 from pipelines.lineage import PipelineRun
 
 
@@ -107,7 +108,7 @@ def submit(stage: str, kind: str, run: PipelineRun) -> dict[str, Any]:
                           f"{state.type.value if state else 'without a state'}: {state.message if state else ''}")
     result = _result(run, stage, commit)
     merge_lock_entry(root, stage, result["lock_entry"])
-    rc, tail = run_dvc(["pull", "--allow-missing", stage], root, stage_env(run.run_id, run.tracking_uri))
+    rc, tail = dvc_ops.pull(root, stage_env(run.run_id, run.tracking_uri), [stage])
     if rc != 0:
         raise StageFailed(f"stage '{stage}': its outputs did not come back from the remote:\n{tail}")
     return {"stage": stage, "status": result["status"], "seconds": result["seconds"],
