@@ -337,7 +337,11 @@ def test_the_run_tells_its_story_in_mlflow_and_prefect(toy):
     """Names that say what changed, the summary as the MLflow description and a Prefect artifact,
     datasets and a figure on the MLflow run, stage output in the Prefect log, stale runs closed."""
     import mlflow
+    from prefect.logging.handlers import APILogWorker
 
+    # Prefect keys its log worker by PREFECT_API_URL, unset for temporary servers: a worker another
+    # test module left running still sends to that module's (stopped) server. Start from a fresh one.
+    APILogWorker.drain_all()
     killed = _killed_stage_run(toy)
     client = mlflow.MlflowClient()
     exp_id = client.get_run(killed).info.experiment_id
