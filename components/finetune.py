@@ -30,6 +30,7 @@ from typing import Any
 
 from components.errors import ConfigError, InputError
 from components.files import csv_bytes, md5_file, tree_digest, write_bytes, write_json
+from components.reports import is_timing
 from components.tracking import package_versions
 
 log = logging.getLogger("grpoflow.finetune")
@@ -285,7 +286,7 @@ def train_and_save(
         tokenizer = trainer.processing_class
         # The model folder holds no timings: the same params give a byte-identical folder (DVC's
         # hash, `grpoflow reproduce`); the report and MLflow keep them.
-        provenance = {k: v for k, v in summary.items() if not _is_timing(k)}
+        provenance = {k: v for k, v in summary.items() if not is_timing(k)}
         save_model(
             model, tokenizer, output_dir, {"grpoflow_stage.json": provenance}, state_dict=state_dict
         )
@@ -300,11 +301,6 @@ def train_and_save(
         )
     accelerator.wait_for_everyone()
     return summary
-
-
-def _is_timing(key: str) -> bool:
-    """Wall-clock values, which differ run to run: train_seconds, step_time, samples_per_second, ..."""
-    return key.endswith(("_seconds", "_time", "_runtime", "_per_second"))
 
 
 def history_rows(
@@ -324,7 +320,7 @@ def history_rows(
     """
     names = names or {}
     logged = [
-        {"step": entry.get("step"), **{names.get(k, k): v for k, v in entry.items() if k != "step" and not _is_timing(k)}}
+        {"step": entry.get("step"), **{names.get(k, k): v for k, v in entry.items() if k != "step" and not is_timing(k)}}
         for entry in log_history
         if "train_runtime" not in entry and set(entry) - {"step", "epoch"}
     ]

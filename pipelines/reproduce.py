@@ -34,12 +34,11 @@ from typing import Any
 from components.config import load_params
 from components.errors import GrpoflowError, RegistryError
 from components.files import json_bytes, repo_root, write_files
-from components.reports import read_metrics
+from components.reports import is_timing, read_metrics
 from components.tracking import TAG_PREFIX, configure, package_versions
 from pipelines.dvc_ops import default_remote, stage_env
 
 METRIC_TAG = "metric."
-TIMING_KEYS = ("completions_per_second", "generation_seconds", "load_seconds", "sample_seconds")
 VERSION_TAG = f"{TAG_PREFIX}version."
 
 
@@ -75,7 +74,7 @@ def compare_metrics(
     for (model, key), value in sorted(recorded.items()):
         new = derived.get(model, {}).get(key)
         row: dict[str, Any] = {"model": model, "key": key, "recorded": value, "reproduced": new, "diff": None}
-        if key in TIMING_KEYS:
+        if is_timing(key):
             row["status"] = "timing"
         elif not isinstance(new, (int, float)) or isinstance(new, bool):
             row["status"] = "missing"
