@@ -375,7 +375,7 @@ def pipeline_register_and_promote(params, root: Path) -> tuple[dict, dict]:
 
     with parent_run(params, root) as run:
         lineage = record_lineage.fn(run, [], params)
-        registration = register_model.fn(params, lineage, run)
+        registration = register_model.fn(params, lineage, "pushed 0 file(s)", run)
         decision = promote_model.fn(params, registration, run)
     return registration, decision
 
