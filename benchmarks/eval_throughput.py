@@ -49,14 +49,8 @@ def build_model(root: Path, n: int) -> tuple[Path, list[str], int]:
     data.run(
         DataConfig(output_dir=str(root / "data"), synthetic_train_size=400, synthetic_test_size=max(n, 1))
     )
-    cfg = ModelConfig(
-        seed=0,
-        tiny_hidden_size=512,
-        tiny_num_layers=6,
-        tiny_num_heads=8,
-        tiny_intermediate_size=1536,
-        tiny_max_positions=1024,
-    )
+    shape = {"hidden_size": 512, "num_layers": 6, "num_heads": 8, "intermediate_size": 1536, "max_positions": 1024}
+    cfg = ModelConfig(seed=0, **{f"tiny_{key}": value for key, value in shape.items()})
     model, tok = model_stage.build_tiny(cfg, root / "data/train.jsonl")
     n_params = sum(p.numel() for p in model.parameters())
     save_model(model, tok, root / "model")

@@ -220,6 +220,15 @@ def _lora() -> Any:
     )
 
 
+def _trainer(defaults: dict[str, Any], trl_config: str, keys: str, note: str) -> Any:
+    return _f(
+        defaults,
+        f"Keyword arguments passed straight to TRL's {trl_config} (max_steps, learning_rate, "
+        f"per_device_train_batch_size, {keys}save_steps, ...); checked by building it when the stage starts. "
+        + note,
+    )
+
+
 @dataclass
 class SFTConfig:
     output_dir: str = _f("models/sft", "Where the SFT model is written (a standard model folder).")
@@ -247,11 +256,8 @@ class SFTConfig:
     sample_size: int = _sample_size()
     use_lora: bool = _use_lora()
     lora: dict[str, Any] = _lora()
-    trainer: dict[str, Any] = _f(
-        SFT_TRAINER_DEFAULTS,
-        "Keyword arguments passed straight to TRL's SFTConfig (max_steps, learning_rate, "
-        "per_device_train_batch_size, save_steps, ...); checked by building it when the stage starts. "
-        "On a CPU the stage defaults bf16 and gradient_checkpointing to false.",
+    trainer: dict[str, Any] = _trainer(
+        SFT_TRAINER_DEFAULTS, "SFTConfig", "", "On a CPU the stage defaults bf16 and gradient_checkpointing to false."
     )
 
     def __post_init__(self) -> None:
@@ -312,11 +318,9 @@ class GRPOConfig:
     )
     use_lora: bool = _use_lora()
     lora: dict[str, Any] = _lora()
-    trainer: dict[str, Any] = _f(
-        GRPO_TRAINER_DEFAULTS,
-        "Keyword arguments passed straight to TRL's GRPOConfig (max_steps, learning_rate, "
-        "per_device_train_batch_size, max_completion_length, save_steps, ...); checked by building it "
-        "when the stage starts. The recipe keys above and rewards.weights are not allowed here.",
+    trainer: dict[str, Any] = _trainer(
+        GRPO_TRAINER_DEFAULTS, "GRPOConfig", "max_completion_length, ",
+        "The recipe keys above and rewards.weights are not allowed here.",
     )
 
     def __post_init__(self) -> None:
@@ -403,18 +407,13 @@ class EvaluateConfig:
     vllm_args: dict = _f({}, "Extra keyword arguments for vllm.LLM (e.g. tensor_parallel_size: 2, gpu_memory_utilization: 0.8).")
     max_new_tokens: int = _f(256, "Most tokens generated per problem (greedy decoding).", ge=1)
     batch_size: int = _f(32, "Prompts per generate() call on the transformers backend.", ge=1)
-    dtype: str = _f(
-        "auto",
-        "Weights dtype for evaluation: 'auto' (bf16 on a GPU that supports it, else float32), 'float32', 'bfloat16', 'float16'.",
-        choices=["auto", "float32", "bfloat16", "float16"],
-    )
+    dtype: str = _f("auto", choices=["auto", "float32", "bfloat16", "float16"], help=(
+        "Weights dtype for evaluation: 'auto' (bf16 on a GPU that supports it, else float32), 'float32', 'bfloat16', 'float16'."
+    ))
     num_fewshot: int = _f(5, "Solved examples in each lm-eval-gsm8k prompt (the harness uses 5).", ge=0)
     fewshot_seed: int = _f(1234, "Seed of the harness's few-shot sampler (lm-eval's default is 1234).", ge=0)
-    fewshot_source: str = _f(
-        "",
-        "Where lm-eval-gsm8k few-shot examples come from: '' (the train split of an hf: source, else the prepared "
-        "train split), 'jsonl:PATH' or 'hf:NAME[:CONFIG]' (its train split).",
-    )
+    fewshot_source: str = _f("", "Where lm-eval-gsm8k few-shot examples come from: '' (the train split of an "
+                             "hf: source, else the prepared train split), 'jsonl:PATH' or 'hf:NAME[:CONFIG]' (its train split).")
     primary_metric: str = _f(
         "accuracy_strict",
         "Metric whose paired difference is reported at the top of each comparison.json pair (the promotion evidence).",

@@ -50,7 +50,11 @@ done
 
 for target in "${targets[@]}"; do
   image="${registry}grpoflow:${target}-${sha}"
-  run docker build -f infra/Dockerfile --target "$target" --build-arg "GIT_COMMIT=$sha" -t "$image" "$@" .
+  case "$target" in
+    tracking) stage=(--target tracking) ;;
+    *) stage=(--target pipeline --build-arg "VARIANT=$target") ;;
+  esac
+  run docker build -f infra/Dockerfile "${stage[@]}" --build-arg "GIT_COMMIT=$sha" -t "$image" "$@" .
   if [ "${PUSH:-0}" = 1 ]; then
     run docker push "$image"
   fi

@@ -21,6 +21,17 @@ import importlib
 import sys
 
 PARAMS_HELP = "override one param, as in `dvc exp run -S` (repeatable), e.g. -S grpo.beta=0.0"
+SERVE_DESCRIPTION = (
+    "Resolve and download MODEL, then serve it with vLLM's OpenAI-compatible server under NAME/VERSION, with its "
+    "own chat template and the evaluate section's engine settings (on CPU in the evaluate.vllm_python venv). "
+    "Prints a ready-to-paste curl and openai request; Ctrl-C stops it."
+)
+REPRODUCE_DESCRIPTION = (
+    "Check out the version's git commit into a clean working copy, restore the params.yaml and dvc.lock its "
+    "pipeline run recorded, re-run every stage from scratch (or, with --from-cache, restore the outputs from the "
+    "DVC remote and re-evaluate only) with an isolated MLflow store, and print the recorded metrics beside the "
+    "re-derived ones. Exit 0 only when they agree (within --tolerance)."
+)
 
 
 def _add_params(p: argparse.ArgumentParser) -> None:
@@ -105,13 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_params(p)
     p.set_defaults(handler="pipelines.deploy:cli_schedule")
 
-    p = sub.add_parser(
-        "serve",
-        help="serve a model with vLLM's OpenAI-compatible server on 127.0.0.1 (default: the champion)",
-        description="Resolve and download MODEL, then serve it with vLLM's OpenAI-compatible server under "
-        "NAME/VERSION, with its own chat template and the evaluate section's engine settings (on CPU in the "
-        "evaluate.vllm_python venv). Prints a ready-to-paste curl and openai request; Ctrl-C stops it.",
-    )
+    serve_help = "serve a model with vLLM's OpenAI-compatible server on 127.0.0.1 (default: the champion)"
+    p = sub.add_parser("serve", help=serve_help, description=SERVE_DESCRIPTION)
     p.add_argument("model", nargs="?", default="models:/grpoflow-policy@champion", metavar="MODEL",
                    help="models:/NAME@ALIAS, models:/NAME/VERSION, a model folder or a hub id "
                    "(default: models:/grpoflow-policy@champion)")
@@ -120,14 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_params(p)
     p.set_defaults(handler="pipelines.serving:cli_serve")
 
-    p = sub.add_parser(
-        "reproduce",
-        help="re-run the pipeline of a registered model version and compare its metrics",
-        description="Check out the version's git commit into a clean working copy, restore the params.yaml and "
-        "dvc.lock its pipeline run recorded, re-run every stage from scratch (or, with --from-cache, restore "
-        "the outputs from the DVC remote and re-evaluate only) with an isolated MLflow store, and print the "
-        "recorded metrics beside the re-derived ones. Exit 0 only when they agree (within --tolerance).",
-    )
+    reproduce_help = "re-run the pipeline of a registered model version and compare its metrics"
+    p = sub.add_parser("reproduce", help=reproduce_help, description=REPRODUCE_DESCRIPTION)
     p.add_argument("name", help="registered model name, e.g. grpoflow-policy")
     p.add_argument("version", help="model version number")
     p.add_argument("--workdir", default=None, metavar="DIR",

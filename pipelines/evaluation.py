@@ -156,16 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     add_params_args(parser)
     args = parser.parse_args(argv)
     try:
-        result = evaluation_pipeline(
-            model=args.model,
-            data=args.data,
-            protocol=args.protocol,
-            backend=args.backend,
-            limit=args.limit,
-            output=args.output,
-            params_file=args.params,
-            overrides=args.overrides,
-        )
+        options = {key: getattr(args, key) for key in ("model", "data", "protocol", "backend", "limit", "output")}
+        result = evaluation_pipeline(**options, params_file=args.params, overrides=args.overrides)
     except GrpoflowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

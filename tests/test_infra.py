@@ -79,10 +79,11 @@ def dockerfile_stages() -> dict[str, list[tuple[str, str]]]:
     return stages
 
 
-def stage_chain(stages, name) -> list[tuple[str, str]]:
-    """The instructions of a target including those of the stages it builds FROM."""
-    first = stages[name][0][1]
-    return (stage_chain(stages, first) if first in stages else []) + stages[name]
+def stage_chain(stages, name, variant: str = "cpu") -> list[tuple[str, str]]:
+    """The instructions of a target including those of the stages it builds FROM, with the build
+    argument VARIANT (the dependency stage the `pipeline` target builds on) set to `variant`."""
+    first = stages[name][0][1].replace("${VARIANT}", variant)
+    return (stage_chain(stages, first, variant) if first in stages else []) + stages[name]
 
 
 def dockerignored(path: str) -> bool:
@@ -98,9 +99,12 @@ def dockerignored(path: str) -> bool:
 
 def test_dockerfile_targets_user_entrypoint_and_install_order():
     stages = dockerfile_stages()
-    assert {"cpu", "gpu", "tracking"} <= set(stages), sorted(stages)
+    assert {"cpu-deps", "gpu-deps", "pipeline", "tracking"} <= set(stages), sorted(stages)
+    assert list(stages)[-1] == "pipeline", "a plain `docker build` must build the pipeline image"
+    assert stages["pipeline"][0] == ("FROM", "${VARIANT}-deps"), "the pipeline image builds on VARIANT's dependencies"
     for target in ("cpu", "gpu"):
-        chain = stage_chain(stages, target)
+        chain = stage_chain(stages, "pipeline", target)
+        assert all(step in chain for step in stages[f"{target}-deps"]), target
         users = [a for i, a in chain if i == "USER"]
         assert users and users[-1] not in ("root", "0"), f"{target}: must end as a non-root USER"
         entry = json.loads(dict(chain)["ENTRYPOINT"])
@@ -113,9 +117,9 @@ def test_dockerfile_targets_user_entrypoint_and_install_order():
         assert any(i == "ARG" and a.startswith("TORCH_SPEC=") for i, a in chain), target
         assert any(i == "ENV" and "GRPOFLOW_GIT_COMMIT" in a for i, a in chain), target
         assert any("core.no_scm true" in a for a in runs), f"{target}: DVC must run without .git"
-    gpu_runs = " ".join(a for i, a in stage_chain(stages, "gpu") if i == "RUN")
+    gpu_runs = " ".join(a for i, a in stage_chain(stages, "pipeline", "gpu") if i == "RUN")
     assert ".[vllm]" in gpu_runs and "VLLM_SPEC" in gpu_runs and "DEEPSPEED_SPEC" in gpu_runs
-    cpu_torch = [a for i, a in stage_chain(stages, "cpu") if i == "ARG" and a.startswith("TORCH_SPEC=")]
+    cpu_torch = [a for i, a in stage_chain(stages, "pipeline") if i == "ARG" and a.startswith("TORCH_SPEC=")]
     assert cpu_torch and "whl/cpu" in cpu_torch[0], "the cpu target must default to the CPU torch build"
     # Everything COPY'd from the context exists and survives .dockerignore.
     for target in stages:
@@ -171,8 +175,10 @@ def test_build_script_tags_images_with_the_git_commit():
     dirty = bool(run(["git", "status", "--porcelain", "--untracked-files=no"]).stdout.strip())
     tag = sha + ("-dirty" if dirty else "")
     out = run([str(INFRA / "build.sh"), "--print"]).stdout
-    assert f"--target cpu --build-arg GIT_COMMIT={tag} -t grpoflow:cpu-{tag} ." in out
-    assert f"--target gpu --build-arg GIT_COMMIT={tag} -t grpoflow:gpu-{tag} ." in out
+    assert f"--target pipeline --build-arg VARIANT=cpu --build-arg GIT_COMMIT={tag} -t grpoflow:cpu-{tag} ." in out
+    assert f"--target pipeline --build-arg VARIANT=gpu --build-arg GIT_COMMIT={tag} -t grpoflow:gpu-{tag} ." in out
+    tracking = run([str(INFRA / "build.sh"), "--print", "tracking"]).stdout
+    assert f"--target tracking --build-arg GIT_COMMIT={tag} -t grpoflow:tracking-{tag} ." in tracking
     res = run(
         [str(INFRA / "build.sh"), "--print", "gpu"], env={"GRPOFLOW_REGISTRY": "reg.example/ml/", "PUSH": "1"}
     )
@@ -182,8 +188,10 @@ def test_build_script_tags_images_with_the_git_commit():
     )
     assert run([str(INFRA / "build.sh"), "--image", "cpu"]).stdout.strip() == f"grpoflow:cpu-{tag}"
     assert run([str(INFRA / "build.sh"), "nope"]).returncode == 2
-    targets = set(dockerfile_stages())
-    assert {"cpu", "gpu", "tracking"} <= targets
+    stages = dockerfile_stages()
+    assert {"pipeline", "tracking"} <= set(stages)
+    for variant in ("cpu", "gpu"):  # every variant build.sh accepts has its dependency stage
+        assert f"{variant}-deps" in stages
 
 
 # --------------------------------------------------------------------------- compose
@@ -255,6 +263,8 @@ def test_compose_services_health_ports_and_secrets():
             assert svc["build"]["dockerfile"] == "infra/Dockerfile" and svc["build"]["target"] in targets, (
                 name
             )
+            if svc["build"]["target"] == "pipeline":
+                assert svc["build"]["args"]["VARIANT"] in ("cpu", "gpu"), name
             assert (INFRA / svc["build"]["context"]).resolve() == REPO, name
     assert services["prefect-server"]["image"].startswith(f"prefecthq/prefect:{constraint('prefect')}-python")
     for mount in services["postgres"]["volumes"]:
@@ -337,7 +347,7 @@ def test_prefect_yaml_pools_images_and_gpu_requests_agree():
         if d["entrypoint"].endswith((":training_pipeline", ":evaluation_pipeline")) and not gpu:
             assert "smoke" in d["tags"], f"{d['name']}: its flow runs GPU stages"
         assert d["pull"] == [{"prefect.deployments.steps.set_working_directory": {"directory": "/app"}}]
-        assert dict(stage_chain(dockerfile_stages(), "cpu"))["WORKDIR"] == "/app"
+        assert dict(stage_chain(dockerfile_stages(), "pipeline", "gpu" if gpu else "cpu"))["WORKDIR"] == "/app"
 
 
 def test_stage_placement_dvc_stages_and_stage_deployments_agree():
