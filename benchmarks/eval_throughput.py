@@ -38,19 +38,17 @@ from components.generation import (  # noqa: E402
     choose_backend,
     encode_prompts,
     generate,
-    load_causal_lm,
-    load_tokenizer,
     transformers_generate,
 )
-from components.modelio import save_model  # noqa: E402
+from components.modelio import load_model, load_tokenizer, save_model  # noqa: E402
 
 
 def build_model(root: Path, n: int) -> tuple[Path, list[str], int]:
     data.run(
         DataConfig(output_dir=str(root / "data"), synthetic_train_size=400, synthetic_test_size=max(n, 1))
     )
-    shape = {"hidden_size": 512, "num_layers": 6, "num_heads": 8, "intermediate_size": 1536, "max_positions": 1024}
-    cfg = ModelConfig(seed=0, **{f"tiny_{key}": value for key, value in shape.items()})
+    cfg = ModelConfig(seed=0, tiny_hidden_size=512, tiny_num_layers=6, tiny_num_heads=8,
+                      tiny_intermediate_size=1536, tiny_max_positions=1024)
     model, tok = model_stage.build_tiny(cfg, root / "data/train.jsonl")
     n_params = sum(p.numel() for p in model.parameters())
     save_model(model, tok, root / "model")
@@ -93,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             vllm_python=args.vllm_python,
         )
         tok = load_tokenizer(model_dir)
-        model = load_causal_lm(model_dir, args.dtype)
+        model = load_model(model_dir, dtype=args.dtype, to_gpu=True).eval()
         prompt_ids, _ = encode_prompts(tok, prompts, args.new_tokens, 1024)
         eos = [tok.eos_token_id]
 

@@ -452,3 +452,15 @@ def test_config_rejects_bad_values():
     with pytest.raises(ConfigError, match="evaluate.data"):
         load_params(None, ["evaluate.data=s3://bucket/x"])
     assert dataclasses.asdict(load_params(None, []).evaluate)["protocol"] == "grpoflow"
+
+
+def test_eval_throughput_benchmark_runs(capsys):
+    """`make bench-eval` (docs/evaluation.md): the benchmark measures the naive loop and batched
+    transformers on a model it builds, and reports their ratio (small sizes here, vLLM skipped)."""
+    from benchmarks import eval_throughput
+
+    assert eval_throughput.main(["--n", "4", "--new-tokens", "4", "--dtype", "float32", "--skip-vllm"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["n"] == 4 and result["naive_n"] == 4 and result["vllm_cps"] is None
+    assert result["tokens_per_completion"] == [4]  # ignore_eos: every completion has the asked length
+    assert result["batched_vs_naive"] == result["transformers_cps"] / result["naive_cps"] > 0
