@@ -44,6 +44,16 @@ def _f(default: Any, help: str, **checks: Any) -> Any:
     return field(default=default, metadata={"help": help, **checks})
 
 
+def _dtype(purpose: str) -> Any:
+    """The weights-dtype field the model and evaluate sections share."""
+    return _f(
+        "auto",
+        f"Weights dtype for {purpose}: 'auto' (bf16 on a GPU that supports it, else float32), 'float32', 'bfloat16', "
+        "'float16'.",
+        choices=["auto", "float32", "bfloat16", "float16"],
+    )
+
+
 # --------------------------------------------------------------------------- sections
 
 
@@ -103,11 +113,7 @@ class ModelConfig:
         "(e.g. Qwen/Qwen2.5-0.5B-Instruct) or a local model folder.",
     )
     trust_remote_code: bool = _f(False, "Allow custom modelling code from the hub (off: only built-in architectures).")
-    dtype: str = _f(
-        "auto",
-        "Weights dtype for training: 'auto' (bf16 on a GPU that supports it, else float32), 'float32', 'bfloat16', 'float16'.",
-        choices=["auto", "float32", "bfloat16", "float16"],
-    )
+    dtype: str = _dtype("training")
     revision: str | None = _f(
         None, "Hub revision (branch, tag or commit) of a Hugging Face model id; pin a commit to reproduce a run."
     )
@@ -407,13 +413,14 @@ class EvaluateConfig:
     vllm_args: dict = _f({}, "Extra keyword arguments for vllm.LLM (e.g. tensor_parallel_size: 2, gpu_memory_utilization: 0.8).")
     max_new_tokens: int = _f(256, "Most tokens generated per problem (greedy decoding).", ge=1)
     batch_size: int = _f(32, "Prompts per generate() call on the transformers backend.", ge=1)
-    dtype: str = _f("auto", choices=["auto", "float32", "bfloat16", "float16"], help=(
-        "Weights dtype for evaluation: 'auto' (bf16 on a GPU that supports it, else float32), 'float32', 'bfloat16', 'float16'."
-    ))
+    dtype: str = _dtype("evaluation")
     num_fewshot: int = _f(5, "Solved examples in each lm-eval-gsm8k prompt (the harness uses 5).", ge=0)
     fewshot_seed: int = _f(1234, "Seed of the harness's few-shot sampler (lm-eval's default is 1234).", ge=0)
-    fewshot_source: str = _f("", "Where lm-eval-gsm8k few-shot examples come from: '' (the train split of an "
-                             "hf: source, else the prepared train split), 'jsonl:PATH' or 'hf:NAME[:CONFIG]' (its train split).")
+    fewshot_source: str = _f(
+        "",
+        "Where lm-eval-gsm8k few-shot examples come from: '' (the train split of an hf: source, else the prepared "
+        "train split), 'jsonl:PATH' or 'hf:NAME[:CONFIG]' (its train split).",
+    )
     primary_metric: str = _f(
         "accuracy_strict",
         "Metric whose paired difference is reported at the top of each comparison.json pair (the promotion evidence).",
