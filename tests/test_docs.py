@@ -149,12 +149,15 @@ def test_make_targets_exist(page, argv):
 
 
 def test_the_readme_test_command_is_ci_s():
-    """The README's test command is the one .ci/run runs, and the Makefile's recipe runs the tests."""
+    """The README's test command is the one .ci/run runs first, then the slow tier; the Makefile's recipes
+    run the two tiers of the suite, split on the `slow` marker, printing the slowest tests."""
     ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines() if line.startswith("make ")]
     readme = [argv for line in shell_lines(README.read_text()) for argv in commands(line) if argv[0] == "make"]
-    assert ci[0] == "make test" and ["make", "test"] in readme and ["make", "demo"] in readme
-    recipe = re.search(r"^test:.*\n\t(.+)$", (REPO / "Makefile").read_text(), re.M).group(1)
-    assert "pytest" in recipe and recipe.endswith(" tests")
+    assert ci[:2] == ["make test", "make test-slow"] and ["make", "test"] in readme and ["make", "demo"] in readme
+    makefile_text = (REPO / "Makefile").read_text()
+    for target, marker in (("test", '-m "not slow"'), ("test-slow", "-m slow")):
+        recipe = re.search(rf"^{target}:.*\n\t(.+)$", makefile_text, re.M).group(1)
+        assert "pytest" in recipe and marker in recipe and "--durations" in recipe and recipe.endswith(" tests")
 
 
 OVERRIDDEN = [(page, argv) for page, argv in COMMANDS if overrides(argv)]

@@ -13,13 +13,7 @@ import pytest
 
 from pipelines import cli
 from pipelines.training import training_pipeline
-from tests.toy_repo import make_tiny_model, make_toy_repo, stop_prefect_temporary_server, write_toy_params
-
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_server_stopped_after_module():
-    yield
-    stop_prefect_temporary_server()
+from tests.toy_repo import make_tiny_model, make_toy_repo, write_toy_params
 
 
 @pytest.fixture

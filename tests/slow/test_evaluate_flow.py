@@ -16,15 +16,6 @@ from components.config import DataConfig, ModelConfig
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", autouse=True)
-def prefect_server_stopped_after_module():
-    """Stop Prefect's temporary server while pytest still captures its goodbye log line."""
-    yield
-    from prefect.server.api.server import SubprocessASGIServer
-
-    SubprocessASGIServer().stop()
-
-
 def test_evaluation_flow_evaluates_a_model_and_logs_a_run(tmp_path, monkeypatch):
     import mlflow
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,9 +29,8 @@ def test_two_concurrent_runs_on_one_checkout(tmp_path):
 
     toy = make_toy_repo(tmp_path / "repo", make_tiny_model(tmp_path / "model"))
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
-    first = grpoflow_run(toy, logs[0])
-    time.sleep(2)
-    second = grpoflow_run(toy, logs[1])
+    # Started together: whichever takes the checkout's lock first does the work.
+    first, second = grpoflow_run(toy, logs[0]), grpoflow_run(toy, logs[1])
     rcs = [first.wait(timeout=600), second.wait(timeout=600)]
     out = [log.read_text() for log in logs]
     assert rcs == [0, 0], "\n".join(o[-3000:] for o in out)

@@ -1,6 +1,7 @@
-"""`grpoflow run` with the overrides a user types first, on a real (small) checkout: nested trainer
-keys land nested in params.yaml, and a second run on another `data.seed` is gated like with like
-(the champion re-evaluated on the new items before the paired test).
+"""`grpoflow run` with the overrides a user types first, on a copy of the session's baseline run
+(tests/project_repo.py, grpoflow-policy v1 registered and champion): nested trainer keys land nested
+in params.yaml, and the new version, trained on another `data.seed`, is gated like with like (the
+champion re-evaluated on the new items before the paired test).
 
     pytest -q tests/slow/test_pipeline_overrides.py
 """
@@ -14,34 +15,34 @@ import sys
 import pytest
 import yaml
 
-from tests.project_repo import grpoflow, make_project_repo
+from tests.project_repo import run_ok
 
 pytestmark = pytest.mark.slow
 
 
-def test_nested_overrides_then_a_new_data_seed_is_compared_like_with_like(tmp_path):
+def test_nested_overrides_and_a_new_data_seed_compared_like_with_like(baseline, tmp_path):
     import mlflow
 
-    repo = make_project_repo(tmp_path / "repo")
-    first = grpoflow(repo, "run", "-S", "sft.trainer.max_steps=5", "-S", "grpo.trainer.max_steps=2")
-    out, _ = first.communicate(timeout=1200)
-    assert first.returncode == 0, out[-4000:]
+    copy = baseline.copy(tmp_path / "copy")
+    repo = copy.repo
+    out = run_ok(repo, "run", "-S", "data.seed=99", "-S", "sft.trainer.max_steps=5", "-S", "grpo.trainer.max_steps=1",
+                 env=copy.env())
     params = yaml.safe_load((repo / "params.yaml").read_text())
-    assert params["sft"]["trainer"]["max_steps"] == 5 and params["grpo"]["trainer"]["max_steps"] == 2
+    assert params["sft"]["trainer"]["max_steps"] == 5 and params["grpo"]["trainer"]["max_steps"] == 1
+    assert params["data"]["seed"] == 99
     assert "trainer.max_steps" not in (repo / "params.yaml").read_text()
     shown = subprocess.run([sys.executable, "-m", "components.config"], cwd=repo, capture_output=True, text=True)
     assert shown.returncode == 0 and yaml.safe_load(shown.stdout)["sft"]["trainer"]["max_steps"] == 5
 
-    second = grpoflow(repo, "run", "-S", "data.seed=99")
-    out, _ = second.communicate(timeout=1200)
-    assert second.returncode == 0, out[-4000:]
     assert "re-evaluating champion grpoflow-policy v1 on the challenger's 40 items" in out
-    tags = mlflow.MlflowClient().get_model_version("grpoflow-policy", "2").tags
+    client = mlflow.MlflowClient(copy.tracking_uri)
+    tags = client.get_model_version("grpoflow-policy", "2").tags
     n_test = len((repo / "data/processed/test.jsonl").read_text().splitlines())
     assert tags["promotion.champion_reevaluated"] == "true"
     assert tags["promotion.test_sha256"] == tags["eval.test_sha256"]
     assert tags["promotion.n"] == str(n_test) == "40"
     assert "fewer than register.min_items 100" in tags["promotion.reason"]  # 40 items cannot promote
-    v1 = mlflow.MlflowClient().get_model_version("grpoflow-policy", "1").tags
+    v1 = client.get_model_version("grpoflow-policy", "1").tags
     assert v1["eval.test_sha256"] != tags["eval.test_sha256"]
     assert json.loads((repo / "reports/eval/grpo.json").read_text())["test_sha256"] == tags["eval.test_sha256"]
+    assert str(client.get_model_version_by_alias("grpoflow-policy", "champion").version) == "1"

@@ -1,0 +1,88 @@
+"""The smoke test a user most needs: `grpoflow run` on a real (small) checkout of this project
+(tests/project_repo.py: every stage for real, Prefect's temporary server, MLflow on SQLite, a local
+DVC remote, evaluation on transformers) trains, evaluates, registers and promotes; the terminal, git
+and MLflow show what the docs say they show. About two minutes on two cores; the pipeline scenarios
+(restore, kill/resume, reproduce, serve, compare, gate) are `make test-slow`'s.
+
+    pytest -q tests/test_pipeline_smoke.py
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import re
+
+from tests.project_repo import git, make_project_repo, run_ok
+
+TRACKED = [
+    "reports/eval/sft.json", "reports/eval/grpo.json", "reports/eval/comparison.json", "reports/eval/accuracy.csv",
+    "reports/train/sft.json", "reports/train/grpo.json", "reports/train/sft_history.csv",
+    "reports/train/grpo_history.csv", "data/processed/stats.json",
+]
+
+
+def rows(path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_a_small_pipeline_runs_registers_and_shows_its_results(tmp_path):
+    import mlflow
+
+    repo = make_project_repo(tmp_path / "repo")
+    out = run_ok(repo, "run")
+
+    # Every stage ran; the version was registered and, the first, became champion.
+    for stage in ("data", "model", "sft", "grpo", "evaluate"):
+        assert f"{stage:<10} ran" in out, out[-3000:]
+    assert "grpoflow-policy v1 registered" in out and "promotion: promoted" in out
+    client = mlflow.MlflowClient()
+    assert str(client.get_model_version_by_alias("grpoflow-policy", "champion").version) == "1"
+
+    # The terminal: the transformers backend's progress bar per batch (items/s), where the reports are.
+    assert re.search(r"generating: 100%\|[^\n\r]*\| 40/40 \[[^\]]*(item/s|s/item)\]", out)
+    assert "reports: reports/eval/ (sft.json, grpo.json, comparison.json, accuracy.csv" in out
+    assert "evaluation backend: transformers" in out
+
+    # Metrics and plot data are files git tracks (item files and models are DVC's).
+    status = git(repo, "status", "--porcelain", "--untracked-files=all").splitlines()
+    assert sorted(f for f in TRACKED if f"?? {f}" in status) == sorted(TRACKED)
+    assert not [line for line in status if "items.jsonl" in line or "models/" in line]
+    grpo_history = rows(repo / "reports/train/grpo_history.csv")
+    assert [r["step"] for r in grpo_history] == ["1", "2"]  # grpo.trainer.max_steps=2, logging_steps=1
+    for column in ("loss", "reward", "reward_std", "seed_combined", "seed_combined_std", "kl",
+                   "completions/mean_length", "frac_reward_zero_std"):
+        assert all(r[column] not in ("", "nan") for r in grpo_history), column
+    sft_history = rows(repo / "reports/train/sft_history.csv")
+    assert [r["step"] for r in sft_history] == ["5", "10", "15", "20", "25", "30"]
+    assert all(float(r["loss"]) > 0 for r in sft_history)
+    accuracy = {(r["model"], r["metric"]): r for r in rows(repo / "reports/eval/accuracy.csv")}
+    grpo_metrics = json.loads((repo / "reports/eval/grpo.json").read_text())
+    assert grpo_metrics["n"] == 40
+    assert float(accuracy["grpo", "strict"]["accuracy"]) == grpo_metrics["accuracy_strict"]
+    assert [float(accuracy["grpo", "flexible"][k]) for k in ("ci_low", "ci_high")] == grpo_metrics["accuracy_flexible_ci95"]
+
+    # MLflow: the parent run's name, description, datasets and figures; datasets on the stage runs.
+    parent = client.search_runs(
+        [client.get_experiment_by_name("grpoflow").experiment_id], "tags.`grpoflow.pipeline` = 'training-pipeline'"
+    )[0]
+    head = git(repo, "rev-parse", "--short=7", "HEAD").strip()
+    assert parent.info.run_name == head
+    assert "| grpo | " in parent.data.tags["mlflow.note.content"]
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "figures")} == {
+        "figures/accuracy.png", "figures/grpo_training.png"}
+    test_sha = hashlib.sha256((repo / "data/processed/test.jsonl").read_bytes()).hexdigest()
+    assert {(d.dataset.name, d.dataset.digest) for d in parent.inputs.dataset_inputs} >= {("test", test_sha[:36])}
+    children = {r.data.tags["grpoflow.stage"]: r for r in client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
+    for stage, split in (("sft", "train"), ("grpo", "train"), ("evaluate", "test")):
+        assert [d.dataset.name for d in children[stage].inputs.dataset_inputs] == [split], stage
+
+    # Nothing changed: a second run skips every stage and registers nothing new.
+    again = run_ok(repo, "run")
+    for stage in ("data", "model", "sft", "grpo", "evaluate"):
+        assert f"{stage:<10} skipped" in again, again[-3000:]
+    assert "already registered (dvc.lock unchanged), no new version" in again
+    assert len(client.search_model_versions("name = 'grpoflow-policy'")) == 1
