@@ -110,7 +110,12 @@ def run_ok(repo: Path, *args: str, env: dict[str, str] | None = None, timeout: f
     """`grpoflow ARGS` in the checkout to completion; its output, or the tail of it in the failure."""
     proc = grpoflow(repo, *args, env=env)
     out, _ = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, f"grpoflow {' '.join(args)} exited {proc.returncode}:\n{out[-4000:]}"
+    if proc.returncode != 0:
+        log = repo.parent / f"grpoflow-{args[0]}-failed.log"
+        log.write_text(out)
+        errors = "\n".join(line for line in out.splitlines() if "error" in line.lower() or "failed" in line.lower())
+        raise AssertionError(f"grpoflow {' '.join(args)} exited {proc.returncode} (whole output: {log}); "
+                             f"its error lines:\n{errors[-3000:]}\nits end:\n{out[-3000:]}")
     return out
 
 

@@ -5,7 +5,6 @@ mistakes (2), DVC refusing the checkout (1)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,17 +13,12 @@ from pathlib import Path
 import pytest
 
 from tests.project_repo import make_project_repo
+from tests.servers import refused_port
 
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
     return make_project_repo(tmp_path_factory.mktemp("cli") / "repo")
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # nothing listens once the socket is closed
 
 
 def grpoflow(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -42,11 +36,12 @@ def one_line(proc: subprocess.CompletedProcess) -> str:
 @pytest.mark.parametrize("command", [["run"], ["evaluate", "--model", "models/grpo"], ["promote", "grpoflow-policy", "1",
                                      "--reason", "x"], ["rollback", "grpoflow-policy"]])
 def test_unreachable_tracking_server_is_one_line_naming_it(checkout, command):
-    uri = f"http://127.0.0.1:{closed_port()}"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     before = (checkout / "params.yaml").read_bytes()
     start = time.monotonic()
-    proc = grpoflow(checkout, *command, "-S", f"tracking.uri={uri}", env=env)
+    with refused_port() as port:
+        uri = f"http://127.0.0.1:{port}"
+        proc = grpoflow(checkout, *command, "-S", f"tracking.uri={uri}", env=env)
     assert time.monotonic() - start < 60  # MLflow's own client retries for minutes
     assert proc.returncode == 1
     assert uri in one_line(proc) and "not reachable" in proc.stderr

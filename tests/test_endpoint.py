@@ -24,7 +24,7 @@ from components.endpoint import connect
 from components.errors import BackendError
 from components.scoring import sample_seeds
 from pipelines import cli
-from tests.servers import free_port
+from tests.servers import refused_port
 
 
 class StubOpenAI:
@@ -90,7 +90,7 @@ class StubOpenAI:
                     "usage": {"completion_tokens": 11, "prompt_tokens": 30, "total_tokens": 41},
                 })
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)  # the OS picks the port
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         self.seeds: dict[str, int] = {}
 
@@ -154,8 +154,9 @@ def test_endpoint_is_scored_like_a_model_with_retries(problems, tmp_path, capsys
 
 def test_unreachable_endpoint_fails_naming_the_url(problems, tmp_path, capsys):
     data_dir, _ = problems
-    url = f"http://127.0.0.1:{free_port()}/v1"
-    assert cli.main(evaluate_args(url, data_dir, tmp_path / "out")) == 2
+    with refused_port() as port:
+        url = f"http://127.0.0.1:{port}/v1"
+        assert cli.main(evaluate_args(url, data_dir, tmp_path / "out")) == 2
     err = capsys.readouterr().err
     assert url in err and "grpoflow serve" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()

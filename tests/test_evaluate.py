@@ -284,39 +284,31 @@ def test_cli_malformed_data_fails_clearly(workspace, tmp_path, capsys):
 
 
 def test_cli_on_registered_model_matches_the_folder(workspace, tmp_path, capsys):
-    """models:/NAME@ALIAS, logged with the transformers flavour as components/registry.py does."""
+    """models:/NAME@ALIAS of a version registered by the project's own registration step
+    (components.registry.register, as the pipeline does) answers as the folder it came from."""
     import mlflow
-    import transformers
 
+    from components.registry import register
     from components.tracking import configure
 
-    configure(load_params(None, overrides(workspace)))
     src = workspace / "models/grpo"
-    with mlflow.start_run():
-        info = mlflow.transformers.log_model(
-            transformers_model={
-                "model": transformers.AutoModelForCausalLM.from_pretrained(src),
-                "tokenizer": transformers.AutoTokenizer.from_pretrained(src),
-            },
-            name="model",
-            task="text-generation",
-            pip_requirements=["torch", "transformers"],
-        )
-    client = mlflow.MlflowClient()
-    client.create_registered_model("tiny-policy")
-    mv = client.create_model_version("tiny-policy", source=f"models:/{info.model_id}", model_id=info.model_id)
-    client.set_registered_model_alias("tiny-policy", "champion", str(mv.version))
-
+    evaluated = workspace / "reports/registered"  # the evaluation registration needs beside the model
     results = {}
-    for spec, name in ((str(src), "grpo"), ("models:/tiny-policy@champion", "tiny-policy-champion")):
-        out = tmp_path / name
+    for spec, name, out in ((str(src), "grpo", evaluated), ("models:/tiny-policy@challenger", "tiny-policy-challenger",
+                                                           tmp_path / "registered")):
         args = ["evaluate", "--model", spec, "--limit", "4", "--output", str(out)]
         for o in overrides(workspace):
             args += ["-S", o]
         assert cli.main(args) == 0, capsys.readouterr().err
         results[name] = read_items(out / f"{name}.items.jsonl")
+        if name == "grpo":
+            params = load_params(None, overrides(workspace, f"evaluate.output_dir={evaluated}",
+                                                 "register.model_name=tiny-policy"))
+            run_id = mlflow.MlflowClient().create_run(configure(params), run_name="training-pipeline").info.run_id
+            lineage = {"lineage.dvc_lock_md5": "0" * 32, "lineage.git_commit": "abc123", "lineage.git_dirty": "false"}
+            assert register(params, lineage, run_id, workspace).version == "1"  # aliased challenger
     assert [i["completion"] for i in results["grpo"]] == [
-        i["completion"] for i in results["tiny-policy-champion"]
+        i["completion"] for i in results["tiny-policy-challenger"]
     ]
 
     assert (

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.servers import free_port, served
+from tests.servers import ADDRESS_IN_USE, free_port, served
+from tests.servers import prefect_server as prefect_server_cmd
 
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"
@@ -416,7 +417,6 @@ PREFECT_AUTH = "grpoflow:test-secret"
 def prefect_server(tmp_path):
     """A real `prefect server start` on 127.0.0.1 with its own PREFECT_HOME (SQLite), authenticating
     and checking CSRF tokens as infra/compose.yaml configures it; yields a client's environment."""
-    port = free_port()
     env = {
         **os.environ,
         "PREFECT_HOME": str(tmp_path / "prefect"),
@@ -425,9 +425,8 @@ def prefect_server(tmp_path):
         "PREFECT_SERVER_CSRF_PROTECTION_ENABLED": "true",
     }
     env.pop("PREFECT_API_URL", None)
-    cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-    url = f"http://127.0.0.1:{port}/api"
-    with served(cmd, f"{url}/health", tmp_path / "prefect-server.log", env=env):
+    with served(prefect_server_cmd, "/api/health", tmp_path / "prefect-server.log", env=env) as server:
+        url = server.url + "/api"
         client = {k: v for k, v in env.items() if not k.startswith("PREFECT_SERVER_")}
         yield {**client, "PREFECT_API_URL": url, "PREFECT_API_AUTH_STRING": PREFECT_AUTH}
 
@@ -536,20 +535,14 @@ def test_ddp_config_launches_two_processes(tmp_path):
         "total = acc.reduce(torch.tensor([acc.process_index + 1.0]), reduction='sum')\n"
         "print(f'rank={acc.process_index} world={acc.num_processes} sum={total.item()}', flush=True)\n"
     )
-    res = run(
-        [
-            str(BIN / "accelerate"),
-            "launch",
-            "--config_file",
-            "infra/accelerate/ddp.yaml",
-            "--num_processes",
-            "2",
-            "--main_process_port",
-            str(free_port()),
-            str(script),
-        ],
-        env={"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"},
-    )
+    for _attempt in range(3):  # the rendezvous port can be taken between free_port() and its bind: try another
+        res = run(
+            [str(BIN / "accelerate"), "launch", "--config_file", "infra/accelerate/ddp.yaml", "--num_processes", "2",
+             "--main_process_port", str(free_port()), str(script)],
+            env={"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"},
+        )
+        if not any(m in res.stderr.lower() for m in ADDRESS_IN_USE):
+            break
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[:3000] + res.stderr[-1500:]
     lines = sorted(re.findall(r"rank=\d world=\d sum=[\d.]+", res.stdout))
     assert lines == ["rank=0 world=2 sum=3.0", "rank=1 world=2 sum=3.0"], res.stdout

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import free_port, served
+from tests.servers import mlflow_server, served
 
 REPO = Path(__file__).resolve().parents[1]
 ADMIN, PASSWORD = "admin", "test-password-1234"
@@ -23,7 +23,6 @@ def mlflow_with_auth(tmp_path):
     ini = (REPO / "infra" / "mlflow-auth.ini").read_text()
     assert "database_uri = sqlite:////home/mlflow/auth/basic_auth.db" in ini  # compose's volume
     (tmp_path / "auth.ini").write_text(ini.replace("/home/mlflow/auth", str(tmp_path)))
-    port = free_port()
     env = {
         "PATH": str(Path(sys.executable).parent),
         "HOME": str(tmp_path),
@@ -33,12 +32,11 @@ def mlflow_with_auth(tmp_path):
         "MLFLOW_AUTH_ADMIN_PASSWORD": PASSWORD,
         "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-secret-key",
     }
-    cmd = [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth", "--host", "127.0.0.1",
-           "--port", str(port), "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-           "--default-artifact-root", str(tmp_path / "artifacts"), "--workers", "1"]
-    uri = f"http://127.0.0.1:{port}"
-    with served(cmd, f"{uri}/health", tmp_path / "mlflow.log", env=env, timeout=180):
-        yield uri
+    def cmd(port: int) -> list[str]:
+        return mlflow_server(port, tmp_path, "--app-name", "basic-auth")
+
+    with served(cmd, "/health", tmp_path / "mlflow.log", env=env, timeout=180) as server:
+        yield server.url
 
 
 def test_anonymous_clients_are_turned_away_and_the_pipeline_logs_in(mlflow_with_auth, tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.project_repo import grpoflow, make_project_repo
-from tests.servers import free_port, served, stop
+from tests.servers import mlflow_server, prefect_server, served, stop
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("GRPOFLOW_TEST_DISTRIBUTED") != "1", reason="distributed test: run `make test-distributed`"
@@ -33,16 +33,10 @@ SAME = ("n", "accuracy_strict", "accuracy_flexible", "format_rate", "mean_comple
 def services(tmp_path):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     env.pop("PREFECT_API_URL", None)
-    prefect_port, mlflow_port = free_port(), free_port()
-    api = f"http://127.0.0.1:{prefect_port}/api"
-    tracking = f"http://127.0.0.1:{mlflow_port}"
-    prefect_cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)]
-    mlflow_cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
-                  "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--workers", "1",
-                  "--default-artifact-root", str(tmp_path / "mlartifacts")]
-    with served(prefect_cmd, f"{api}/health", tmp_path / "prefect.log", env=env, timeout=180), \
-            served(mlflow_cmd, f"{tracking}/health", tmp_path / "mlflow.log", env=env, timeout=180):
-        yield {**env, "PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": tracking}
+    with served(prefect_server, "/api/health", tmp_path / "prefect.log", env=env, timeout=180) as prefect, \
+            served(lambda port: mlflow_server(port, tmp_path), "/health", tmp_path / "mlflow.log", env=env,
+                   timeout=180) as tracking:
+        yield {**env, "PREFECT_API_URL": prefect.url + "/api", "MLFLOW_TRACKING_URI": tracking.url}
 
 
 def metrics(repo: Path) -> dict[str, dict]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import free_port, served, stop
+from tests.servers import prefect_server, served, stop
 from tests.toy_repo import make_tiny_model, make_toy_repo
 
 pytestmark = pytest.mark.slow
@@ -27,13 +27,10 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture
 def server(tmp_path):
-    port = free_port()
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "2"}
     env.pop("PREFECT_API_URL", None)
-    cmd = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-    url = f"http://127.0.0.1:{port}/api"
-    with served(cmd, f"{url}/health", tmp_path / "prefect-server.log", env=env, timeout=180):
-        yield {**env, "PREFECT_API_URL": url}
+    with served(prefect_server, "/api/health", tmp_path / "prefect-server.log", env=env, timeout=180) as started:
+        yield {**env, "PREFECT_API_URL": started.url + "/api"}
 
 
 def read(env, fn):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -21,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from components.generation import resolve_vllm_python, vllm_importable
-from tests.project_repo import run_ok, wait_for
-from tests.servers import free_port, stop
+from tests.project_repo import run_ok
+from tests.servers import served
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -44,14 +43,16 @@ def test_served_champion_answers_like_the_evaluate_stage(baseline, tmp_path):
     stage_metrics = json.loads((repo / "reports/eval/grpo.json").read_text())
     assert stage_metrics["backend"] == "vllm" and len(stage_items) == stage_metrics["n"] == 40
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}/v1"
     log = tmp_path / "serve.log"
-    with open(log, "wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "serve", "--port", str(port)], cwd=repo,
-                                  env=baseline.env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_for(lambda: "is ready at" in log.read_text(errors="replace"), 900, "ready line", server, log, poll=1)
+
+    def cmd(port: int) -> list[str]:
+        return [sys.executable, "-m", "pipelines.cli", "serve", "--port", str(port)]
+
+    def ready(server) -> bool:
+        return "is ready at" in log.read_text(errors="replace")
+
+    with served(cmd, "", log, env=baseline.env(), cwd=repo, timeout=900, ready=ready) as server:
+        port, base = server.port, server.url + "/v1"
         printed = log.read_text()
         assert "grpoflow-policy/1 is ready at " + base in printed
         assert "curl -s " + base + "/chat/completions" in printed and "from openai import OpenAI" in printed
@@ -75,15 +76,13 @@ def test_served_champion_answers_like_the_evaluate_stage(baseline, tmp_path):
         # every greedy answer, token count and sample as in the stage.
         env = baseline.env(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
         run_ok(repo, "evaluate", "--model", base, "--output", str(tmp_path / "ep"), env=env, timeout=900)
-    finally:
-        stop(server)
-    served = items(tmp_path / "ep" / f"endpoint-127.0.0.1-{port}.items.jsonl")
-    assert [i["id"] for i in served] == [i["id"] for i in stage_items]
-    diff = [(a["id"], a["completion"][:50], b["completion"][:50]) for a, b in zip(stage_items, served, strict=True)
+    answered = items(tmp_path / "ep" / f"endpoint-127.0.0.1-{port}.items.jsonl")
+    assert [i["id"] for i in answered] == [i["id"] for i in stage_items]
+    diff = [(a["id"], a["completion"][:50], b["completion"][:50]) for a, b in zip(stage_items, answered, strict=True)
             if a["completion"] != b["completion"]]
-    assert not diff, f"{len(diff)} of {len(served)} greedy answers differ, e.g. {diff[:3]}"
-    assert [i["completion_tokens"] for i in served] == [i["completion_tokens"] for i in stage_items]
-    assert [i["samples_extracted_flexible"] for i in served] == [i["samples_extracted_flexible"] for i in stage_items]
+    assert not diff, f"{len(diff)} of {len(answered)} greedy answers differ, e.g. {diff[:3]}"
+    assert [i["completion_tokens"] for i in answered] == [i["completion_tokens"] for i in stage_items]
+    assert [i["samples_extracted_flexible"] for i in answered] == [i["samples_extracted_flexible"] for i in stage_items]
     metrics = json.loads((tmp_path / "ep" / f"endpoint-127.0.0.1-{port}.json").read_text())
     for key in ("accuracy_strict", "accuracy_flexible", "format_rate", "maj_at_k_strict", "sampled_accuracy_flexible"):
         assert metrics[key] == stage_metrics[key], key

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import free_port, served
-from tests.toy_repo import make_tiny_model, make_toy_repo, stop_prefect_temporary_server, write_toy_params
+from tests.servers import served
+from tests.toy_repo import make_tiny_model, make_toy_repo, write_toy_params
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts" / "ui"
@@ -52,17 +52,11 @@ def render(url: str, png: Path) -> str:
 @pytest.fixture
 def ui(tmp_path):
     """`grpoflow ui` on a free port, serving this test's MLflow store."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "pipelines.cli", "ui", "--port", str(port)]
-    with served(cmd, f"{url}/health", tmp_path / "ui.log", cwd=REPO):
-        yield url
+    def cmd(port: int) -> list[str]:
+        return [sys.executable, "-m", "pipelines.cli", "ui", "--port", str(port)]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_server_stopped_after_module():
-    yield
-    stop_prefect_temporary_server()
+    with served(cmd, "/health", tmp_path / "ui.log", cwd=REPO) as server:
+        yield server.url
 
 
 def test_compare_view_and_champion_alias_in_a_browser(tmp_path, ui, monkeypatch):
