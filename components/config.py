@@ -362,15 +362,9 @@ class RewardsConfig:
     weights: list[float] = _f([1.0], "One weight per entry of funcs (GRPOConfig.reward_weights).")
 
     def __post_init__(self) -> None:
-        from components.rewards import check_reward_name  # standard library only; no heavy imports
-
+        # Names are checked where rewards are used (components/rewards.py check_reward_names).
         if not self.funcs:
             raise ConfigError("rewards.funcs: give at least one reward function")
-        for i, name in enumerate(self.funcs):
-            try:
-                check_reward_name(name)
-            except ValueError as exc:
-                raise ConfigError(f"rewards.funcs[{i}]: {exc}") from None
         if len(self.weights) != len(self.funcs):
             raise ConfigError(
                 f"rewards.weights: {len(self.weights)} weights for {len(self.funcs)} funcs "

@@ -30,8 +30,7 @@ from typing import Any
 
 from components.errors import ConfigError, InputError
 from components.files import csv_bytes, md5_file, tree_digest, write_bytes, write_json
-from components.reports import is_timing
-from components.tracking import package_versions
+from components.tracking import is_timing, package_versions
 
 log = logging.getLogger("grpoflow.finetune")
 
@@ -261,6 +260,7 @@ def train_and_save(
     import mlflow
 
     from components.modelio import save_model
+    from components.train_samples import log_samples
 
     output_dir, ckpt_dir, lora, report = cfg.output_dir, cfg.checkpoint_dir, cfg.use_lora, Path(cfg.metrics_file)
 
@@ -326,35 +326,3 @@ def history_rows(
     ]
     columns = list(dict.fromkeys(["step", *(k for r in logged for k in r), *required]))
     return [{c: r.get(c, math.nan) for c in columns} for r in logged], columns
-
-
-# --------------------------------------------------------------------------- samples
-
-
-def log_samples(
-    model, tokenizer, rows: list[dict[str, str]], artifact_file: str, max_new_tokens: int
-) -> dict:
-    """Answer `rows` greedily, log them as an MLflow table and return {sample_accuracy, sample_format_rate}."""
-    if not rows:
-        return {}
-    import mlflow
-
-    from components import gsm8k
-    from components.generation import greedy
-
-    prompts = [gsm8k.render_prompt(r["question"], tokenizer) for r in rows]
-    completions = greedy(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
-    correct = [gsm8k.is_correct(c, r["gold"], "strict") for c, r in zip(completions, rows, strict=True)]
-    formatted = [gsm8k.has_strict_format(c) for c in completions]
-    mlflow.log_table(
-        {
-            "id": [r.get("id", "") for r in rows],
-            "question": [r["question"] for r in rows],
-            "completion": completions,
-            "gold": [r["gold"] for r in rows],
-            "correct": correct,
-            "strict_format": formatted,
-        },
-        artifact_file=artifact_file,
-    )
-    return {"sample_accuracy": sum(correct) / len(rows), "sample_format_rate": sum(formatted) / len(rows)}

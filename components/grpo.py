@@ -117,7 +117,9 @@ def trainer_settings(params: Params) -> tuple[Any, Any]:
     from trl import GRPOConfig as TRLGRPOConfig
 
     from components import finetune
+    from components.rewards import check_reward_names
 
+    check_reward_names(params.rewards)
     cfg = params.grpo
     if cfg.use_vllm and cfg.vllm_mode == "colocate" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from components import answers, gsm8k
+from components.errors import ConfigError
 
 RewardFunc = Callable[..., list]
 
@@ -211,6 +212,25 @@ def check_reward_name(name: str) -> None:
         f"unknown reward {name!r}; known rewards: {', '.join(REWARD_FUNCS)}, "
         "or a dotted path 'package.module:function' to your own"
     )
+
+
+def check_reward_names(cfg: Any) -> None:
+    """Every name of the `rewards` params section is a registry name or a dotted path, else a
+    ConfigError naming the entry (`rewards.funcs[1]: unknown reward 'nope'; ...`). The grpo stage and
+    `grpoflow run` check this before anything runs; the params schema does not (a reward is GRPO's
+    business: the stages that do not use rewards must not depend on this module).
+
+    >>> from types import SimpleNamespace
+    >>> check_reward_names(SimpleNamespace(funcs=["format", "nope"]))
+    Traceback (most recent call last):
+    ...
+    components.errors.ConfigError: rewards.funcs[1]: unknown reward 'nope'; known rewards: ...
+    """
+    for i, name in enumerate(cfg.funcs):
+        try:
+            check_reward_name(name)
+        except ValueError as exc:
+            raise ConfigError(f"rewards.funcs[{i}]: {exc}") from None
 
 
 def load_reward(name: str) -> RewardFunc:

@@ -296,3 +296,9 @@ def package_versions(names: tuple[str, ...] = LINEAGE_PACKAGES) -> dict[str, str
         except importlib.metadata.PackageNotFoundError:
             out[name] = "not-installed"
     return out
+
+
+def is_timing(key: str) -> bool:
+    """Wall-clock values, which differ run to run (train_seconds, step_time, completions_per_second, ...):
+    kept out of model folders and histories, shown but not compared by `grpoflow reproduce`."""
+    return key.endswith(("_seconds", "_time", "_runtime", "_per_second"))

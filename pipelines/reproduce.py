@@ -34,8 +34,8 @@ from typing import Any
 from components.config import load_params
 from components.errors import GrpoflowError, RegistryError
 from components.files import json_bytes, repo_root, write_files
-from components.reports import is_timing, read_metrics
-from components.tracking import TAG_PREFIX, configure, package_versions
+from components.reports import read_metrics
+from components.tracking import TAG_PREFIX, configure, is_timing, package_versions
 from pipelines.dvc_ops import default_remote, stage_env
 
 METRIC_TAG = "metric."

@@ -1,6 +1,7 @@
-"""The code's layout, as DESIGN.md and docs/files.md describe it: no import cycle, nothing imports the CLI,
-shared pieces never import a stage, small modules, and dvc.yaml deps that list every project
-module a stage runs (a change to any of them must re-run the stage)."""
+"""The code's layout, as docs/files.md describes it: no import cycle, nothing imports the CLI,
+shared pieces never import a stage, small modules, dvc.yaml deps equal to the project modules a
+stage imports (a change to any of them must re-run the stage, and nothing else does), and the
+table of which stages a change to a module re-runs (RERUNS)."""
 
 from __future__ import annotations
 
@@ -123,6 +124,39 @@ def test_dvc_deps_list_every_module_the_stage_imports(stage):
     assert sorted(needed - deps) == []
     declared_code = {d for d in deps if d.endswith(".py")}
     assert sorted(declared_code - needed) == []  # no stale entries either
+
+
+# Which stages a change to a module re-runs (DVC marks a stage changed when one of its deps does);
+# a change that alters a stage's outputs re-runs the stages after it in turn, through their inputs.
+RERUNS = {
+    "components/rewards.py": {"grpo"},
+    "components/signal_monitor.py": {"grpo"},
+    "components/grpo.py": {"grpo"},
+    "components/sft.py": {"sft"},
+    "components/finetune.py": {"sft", "grpo"},
+    "components/train_samples.py": {"sft", "grpo"},
+    "components/evaluate.py": {"evaluate"},
+    "components/scoring.py": {"evaluate"},
+    "components/generation.py": {"evaluate"},
+    "components/vllm_backend.py": {"evaluate"},
+    "components/vllm_worker.py": {"evaluate"},
+    "components/endpoint.py": {"evaluate"},
+    "components/lm_eval_gsm8k.py": {"evaluate"},
+    "components/reports.py": {"evaluate"},
+    "components/stats.py": {"evaluate"},
+    "components/synthetic.py": {"data"},
+    "components/data.py": {"data"},
+    "components/model.py": {"model"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(RERUNS))
+def test_a_module_change_reruns_only_the_stages_it_can_affect(module):
+    """A comment added to `module` makes `dvc status` list exactly these stages (a reward tweak does
+    not re-run data, model or SFT; evaluation code does not re-run training)."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    listed = {name for name, entry in stages.items() if module in entry["deps"]}
+    assert listed == RERUNS[module]
 
 
 @pytest.mark.parametrize("stage", STAGES)

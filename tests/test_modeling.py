@@ -17,9 +17,9 @@ from components import finetune, gsm8k, modelio
 from components import model as model_stage
 from components.config import ConfigError, ModelConfig, load_params
 from components.errors import InputError
-from components.generation import greedy
 from components.sft import build_demos, untagged_target, wrong_answer
 from components.sources import read_split
+from components.train_samples import greedy
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(
