@@ -145,6 +145,14 @@ def code_md5s(stage: str) -> dict[str, str]:
     return {d: md5_file(d) for d in deps}
 
 
+def fingerprint_fields(section: Any) -> dict[str, Any]:
+    """A params section's values that shape training: every field but those marked
+    `fingerprint=False` in components/params.py (paths, resume, sample_size, the GRPO monitor)."""
+    return {
+        f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.metadata.get("fingerprint", True)
+    }
+
+
 def fingerprint(stage: str, settings: dict[str, Any], inputs: Iterable[str | os.PathLike]) -> str:
     """What makes a checkpoint resumable: the training settings, the input files (model, data), the
     stage's code and the versions of the training libraries."""

@@ -272,8 +272,8 @@ def build_rewards(cfg: Any) -> tuple[list[RewardFunc], list[float]]:
     """(functions, weights) from the `rewards` params section, for GRPOTrainer's
     `reward_funcs` and GRPOConfig's `reward_weights`.
 
-    >>> from components.config import RewardsConfig
-    >>> funcs, weights = build_rewards(RewardsConfig(funcs=["format", "accuracy"], weights=[0.5, 1.0]))
+    >>> from components.params import RewardsParams
+    >>> funcs, weights = build_rewards(RewardsParams(funcs=["format", "accuracy"], weights=[0.5, 1.0]))
     >>> [f.__name__ for f in funcs], weights
     (['format_reward', 'accuracy_reward'], [0.5, 1.0])
     """

@@ -65,7 +65,7 @@ def _env(run: PipelineRun) -> dict[str, str]:
 @task(name="params", cache_policy=NO_CACHE)
 def apply_params(root: str, overrides: list[str]) -> Any:
     """Write the `-S` overrides into params.yaml (as `dvc exp run -S` does), then load it. A run
-    started through a deployment (remotely) may only set the keys of config.REMOTE_OVERRIDES."""
+    started through a deployment (remotely) may only set the keys of overrides.REMOTE_OVERRIDES."""
     from prefect.runtime import deployment
 
     if deployment.id:

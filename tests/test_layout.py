@@ -16,7 +16,7 @@ PACKAGES = ("components", "pipelines")
 STAGES = list(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"])
 MAX_LINES = 400
 FLOW_MAX_LINES = 250
-FIELD_TABLES = {"components/config.py"}  # typed params: one dataclass field per key
+FIELD_TABLES = {"components/params.py"}  # the params schema: one dataclass field per key
 
 
 def modules() -> dict[str, Path]:
@@ -98,7 +98,7 @@ def test_shared_pieces_never_import_a_stage():
 
 
 def test_every_stage_has_a_module_named_after_it_and_its_params_section():
-    from components.config import SECTIONS
+    from components.params import SECTIONS
 
     for stage in STAGES:
         assert (REPO / "components" / f"{stage}.py").is_file(), stage
@@ -157,6 +157,42 @@ def test_a_module_change_reruns_only_the_stages_it_can_affect(module):
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     listed = {name for name, entry in stages.items() if module in entry["deps"]}
     assert listed == RERUNS[module]
+
+
+# The params code by concern: the schema (field declarations), value and cross-field rules, loading,
+# path safety, the stage entry point, the flow-only `-S` writer and remote allow-list, the CLI.
+PARAMS_SCHEMA = "components.params"
+PARAMS_MODULES = ("components.params_rules", "components.params_load", "components.path_safety",
+                  "components.entry", "components.overrides", "components.config")
+FLOW_ONLY = ("components.overrides", "components.config")
+
+
+def test_params_schema_holds_field_declarations_only():
+    """Classes with fields and nothing else (Params.to_dict aside); module-level functions are the
+    private field helpers (`_f`, `_lora`, ...) that return a field."""
+    tree = ast.parse(MODULES[PARAMS_SCHEMA].read_text())
+    methods = [
+        f"{c.name}.{f.name}" for c in tree.body if isinstance(c, ast.ClassDef)
+        for f in c.body if isinstance(f, ast.FunctionDef)
+    ]
+    assert methods == ["Params.to_dict"]
+    helpers = [f for f in tree.body if isinstance(f, ast.FunctionDef)]
+    assert all(f.name.startswith("_") for f in helpers), [f.name for f in helpers]
+    for f in helpers:  # each returns a field: `return field(...)` or `return _f(...)`
+        returns = [n for n in ast.walk(f) if isinstance(n, ast.Return)]
+        assert returns and all(isinstance(r.value, ast.Call) and getattr(r.value.func, "id", "") in ("field", "_f")
+                               for r in returns), f.name
+
+
+def test_params_modules_are_under_250_lines():
+    sizes = {m: len(MODULES[m].read_text().splitlines()) for m in PARAMS_MODULES}
+    assert {m: n for m, n in sizes.items() if n >= 250} == {}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_flow_only_params_code_is_no_stage_dep(stage):
+    """Neither the `-S` writer nor the remote allow-list (nor the CLI facade) re-runs a stage."""
+    assert sorted(closure(f"components.{stage}") & set(FLOW_ONLY)) == []
 
 
 @pytest.mark.parametrize("stage", STAGES)
