@@ -30,6 +30,7 @@ from typing import Any
 
 from components.errors import ConfigError, InputError
 from components.files import csv_bytes, md5_file, tree_digest, write_bytes, write_json
+from components.params import GRPOParams, Params, SFTParams
 from components.tracking import is_timing, package_versions
 
 log = logging.getLogger("grpoflow.finetune")
@@ -224,7 +225,7 @@ def clear_checkpoints(ckpt_dir: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
-def tracked(stage: str, params: Any, args: Any) -> Iterator[None]:
+def tracked(stage: str, params: Params, args: Any) -> Iterator[None]:
     """The stage's MLflow run (tracking.stage_run) on the main process; nothing on the others
     (under `accelerate launch` every process runs the stage, one of them logs)."""
     if args.process_index == 0:
@@ -251,7 +252,7 @@ def train_and_save(
     stage: str,
     trainer: Any,
     checkpoint: str | None,
-    cfg: Any,
+    cfg: SFTParams | GRPOParams,
     *,
     samples: list[dict[str, str]],
     max_new_tokens: int,

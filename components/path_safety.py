@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from components.errors import ConfigError
-from components.params import SECTIONS
+from components.params import SECTIONS, Params
 
 DATA_FOLDER = "data"  # where users keep source files beside the prepared splits
 PROTECTED = (".git", ".dvc")
@@ -30,12 +30,12 @@ INPUT_DIRS = _keys("input_dir")
 OUTPUT_FILES = _keys("output_file")
 
 
-def _value(params: Any, key: str) -> Any:
+def _value(params: Params, key: str) -> Any:
     section, name = key.split(".")
     return getattr(getattr(params, section), name)
 
 
-def _is_default(params: Any, key: str) -> bool:
+def _is_default(params: Params, key: str) -> bool:
     section, name = key.split(".")
     return _value(params, key) == next(f.default for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
 
@@ -44,7 +44,7 @@ def _overlap(a: Path, b: Path) -> bool:
     return a == b or a in b.parents or b in a.parents
 
 
-def check_paths(params: Any, root: str | os.PathLike) -> dict[str, Path]:
+def check_paths(params: Params, root: str | os.PathLike) -> dict[str, Path]:
     """Every stage path inside the repository `root` (not the root itself, not in .git or .dvc), and
     no stage's output folder equal to, inside or around another's or the data folder, so that no
     stage can replace or delete what it does not own. Returns {key: resolved path}."""

@@ -32,6 +32,7 @@ from typing import Any
 
 from components import answers, gsm8k
 from components.errors import ConfigError
+from components.params import RewardsParams
 
 RewardFunc = Callable[..., list]
 
@@ -214,7 +215,7 @@ def check_reward_name(name: str) -> None:
     )
 
 
-def check_reward_names(cfg: Any) -> None:
+def check_reward_names(cfg: RewardsParams) -> None:
     """Every name of the `rewards` params section is a registry name or a dotted path, else a
     ConfigError naming the entry (`rewards.funcs[1]: unknown reward 'nope'; ...`). The grpo stage and
     `grpoflow run` check this before anything runs; the params schema does not (a reward is GRPO's
@@ -268,7 +269,7 @@ def get_reward_funcs(names: Sequence[str]) -> list[RewardFunc]:
     return funcs
 
 
-def build_rewards(cfg: Any) -> tuple[list[RewardFunc], list[float]]:
+def build_rewards(cfg: RewardsParams) -> tuple[list[RewardFunc], list[float]]:
     """(functions, weights) from the `rewards` params section, for GRPOTrainer's
     `reward_funcs` and GRPOConfig's `reward_weights`.
 

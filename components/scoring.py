@@ -28,6 +28,7 @@ from components import endpoint, gsm8k, lm_eval_gsm8k
 from components.errors import EvaluationError
 from components.generation import Generation, GenerationSettings, generate
 from components.modelio import ResolvedModel, load_tokenizer
+from components.params import Params
 from components.sources import load_problems, problems_sha256
 from components.stats import (
     compare_paired,
@@ -51,12 +52,12 @@ SAMPLED_BINARY = {
 SAMPLED_MEANS = {"sampled_accuracy_strict": "samples_correct", "sampled_accuracy_flexible": "samples_correct_flexible"}
 
 
-def data_source(params: Any, override: str | None = None) -> str:
+def data_source(params: Params, override: str | None = None) -> str:
     src = override or params.evaluate.data
     return src or f"jsonl:{Path(params.data.output_dir) / 'test.jsonl'}"
 
 
-def fewshot_source(params: Any, data: str) -> tuple[str, str]:
+def fewshot_source(params: Params, data: str) -> tuple[str, str]:
     """(source, split) of the lm-eval few-shot examples."""
     if params.evaluate.fewshot_source:
         src = params.evaluate.fewshot_source
@@ -68,7 +69,7 @@ def fewshot_source(params: Any, data: str) -> tuple[str, str]:
 
 
 def build_prompts(
-    problems: list[dict[str, str]], protocol: str, tokenizer, params: Any, data: str
+    problems: list[dict[str, str]], protocol: str, tokenizer, params: Params, data: str
 ) -> tuple[list[str], list[str]]:
     """(prompts, stop strings) for the protocol."""
     if protocol == "grpoflow":
@@ -260,7 +261,7 @@ def compare(items_a: list[dict[str, Any]], items_b: list[dict[str, Any]], primar
     return {"metric": primary, **by_metric[primary], "by_metric": by_metric}
 
 
-def settings_from(params: Any) -> GenerationSettings:
+def settings_from(params: Params) -> GenerationSettings:
     cfg = params.evaluate
     return GenerationSettings(
         max_new_tokens=cfg.max_new_tokens,
@@ -285,7 +286,7 @@ def sample_seeds(problems: list[dict[str, str]], seed: int) -> list[int]:
 
 
 def _generate(
-    model: ResolvedModel, problems, protocol: str, params: Any, data: str, backend: str
+    model: ResolvedModel, problems, protocol: str, params: Params, data: str, backend: str
 ) -> tuple[Generation, GenerationSettings]:
     """(Generation, settings) for a model folder or hub id (local backends) or an endpoint."""
     settings = settings_from(params)
@@ -318,7 +319,7 @@ def _generate(
 def evaluate_model(
     model: ResolvedModel,
     problems: list[dict[str, str]],
-    params: Any,
+    params: Params,
     *,
     protocol: str,
     backend: str,

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from components.files import repo_root, sha256_file
+from components.params import Params
 
 PARENT_ENV = "GRPOFLOW_PARENT_RUN_ID"
 # Names: every run tag grpoflow writes starts with TAG_PREFIX; metric names join their parts
@@ -54,7 +55,7 @@ def _scheme(uri: str) -> str:
     return uri.split(":", 1)[0].lower() if "://" in uri else ""
 
 
-def resolve_tracking_uri(params: Any = None, base: str | os.PathLike | None = None) -> str:
+def resolve_tracking_uri(params: Params | None = None, base: str | os.PathLike | None = None) -> str:
     """MLFLOW_TRACKING_URI if set, else `tracking.uri`; relative local paths made absolute against `base`."""
     uri = os.environ.get("MLFLOW_TRACKING_URI") or (params.tracking.uri if params is not None else "")
     if not uri:
@@ -104,7 +105,7 @@ def ui_address(uri: str) -> str:
     return uri.rstrip("/") if _scheme(uri) in ("http", "https") else "http://127.0.0.1:5000"
 
 
-def resolve_artifact_location(params: Any, uri: str, base: str | os.PathLike | None = None) -> str | None:
+def resolve_artifact_location(params: Params, uri: str, base: str | os.PathLike | None = None) -> str | None:
     """A file URI for new experiments on a local store; None lets a tracking server decide."""
     if _scheme(uri) not in _LOCAL_SCHEMES or params is None or not params.tracking.artifact_location:
         return None
@@ -116,7 +117,7 @@ def resolve_artifact_location(params: Any, uri: str, base: str | os.PathLike | N
     return path.resolve().as_uri()
 
 
-def configure(params: Any, base: str | os.PathLike | None = None) -> str:
+def configure(params: Params, base: str | os.PathLike | None = None) -> str:
     """Point mlflow at the resolved URI and experiment (created if missing); returns the experiment id."""
     import mlflow
     from mlflow.exceptions import MlflowException
@@ -161,7 +162,7 @@ def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def stage_sections(stage: str, params: Any, dvc_yaml: str | os.PathLike | None = None) -> list[str]:
+def stage_sections(stage: str, params: Params, dvc_yaml: str | os.PathLike | None = None) -> list[str]:
     """Param sections the stage depends on: the top-level keys its dvc.yaml `params:` names."""
     known = list(params.to_dict()) if params is not None else []
     path = Path(dvc_yaml) if dvc_yaml else repo_root() / "dvc.yaml"
@@ -193,7 +194,7 @@ def process_tags() -> dict[str, str]:
 DatasetFiles = Mapping[str, tuple[str | os.PathLike, str]]  # {name: (JSONL file, context)}
 
 
-def data_splits(params: Any, **contexts: str) -> dict[str, tuple[Path, str]]:
+def data_splits(params: Params, **contexts: str) -> dict[str, tuple[Path, str]]:
     """{split: (file, context)} of the prepared splits, e.g. data_splits(params, train="training")."""
     return {split: (Path(params.data.output_dir) / f"{split}.jsonl", ctx) for split, ctx in contexts.items()}
 
@@ -225,7 +226,7 @@ def log_datasets(run_id: str, files: DatasetFiles) -> None:
 
 @contextlib.contextmanager
 def stage_run(
-    stage: str, params: Any, extra_params: Mapping[str, Any] | None = None, datasets: DatasetFiles | None = None
+    stage: str, params: Params, extra_params: Mapping[str, Any] | None = None, datasets: DatasetFiles | None = None
 ) -> Iterator[Any]:
     """An MLflow run for one stage, nested under the flow's parent run when there is one."""
     import mlflow

@@ -35,6 +35,7 @@ from components.endpoint import connect
 from components.errors import EvaluationError, GrpoflowError
 from components.evaluate import STAGE as EVALUATE
 from components.modelio import resolve_model
+from components.params import Params
 from components.reports import log_to_mlflow, write_reports
 from components.scoring import data_source, evaluate_model
 from components.sources import load_problems
@@ -56,7 +57,7 @@ def _slug(spec: str) -> str:
 
 
 def evaluate_one(
-    params: Any,
+    params: Params,
     model_spec: str,
     *,
     data: str | None = None,
@@ -110,7 +111,7 @@ def evaluate_one(
 
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate_task(
-    params: Any,
+    params: Params,
     model: str,
     data: str | None,
     protocol: str | None,

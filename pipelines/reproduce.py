@@ -34,6 +34,7 @@ from typing import Any
 from components.config import load_params
 from components.errors import GrpoflowError, RegistryError
 from components.files import json_bytes, repo_root, write_files
+from components.params import Params
 from components.reports import read_metrics
 from components.tracking import TAG_PREFIX, configure, is_timing, package_versions
 from pipelines.dvc_ops import default_remote, stage_env
@@ -186,7 +187,7 @@ def local_remote(root: Path, workdir: Path) -> str:
     return f"'{name}' at {url}"
 
 
-def reproduce(params: Any, name: str, version: str, workdir: str | None, from_cache: bool, tolerance: float) -> int:
+def reproduce(params: Params, name: str, version: str, workdir: str | None, from_cache: bool, tolerance: float) -> int:
     import mlflow
 
     root = repo_root()
