@@ -18,8 +18,8 @@ marks a run whose process is gone KILLED), logs the data files it is given as ML
 (`log_datasets`: the Datasets column of the runs table, digest = the file's sha256), and marks
 the run FAILED when the body raises (the exception propagates).
 
-Lineage helpers (`git_state`, `package_versions`) are used by the training flow to tag its
-parent run and by the registry to tag model versions. Names: run tags start with `grpoflow.`
+`package_versions` (library versions) is used by the training flow to tag its parent run and by
+the registry to tag model versions. Names: run tags start with `grpoflow.`
 (TAG_PREFIX), metric names join their parts with `/` (`metric_key`).
 """
 
@@ -29,7 +29,6 @@ import contextlib
 import importlib.metadata
 import os
 import socket
-import subprocess
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -270,22 +269,6 @@ def _end_until(run_id: str, status: str) -> None:
 
 
 # --------------------------------------------------------------------------- lineage
-
-
-def git_state(root: str | os.PathLike | None = None) -> dict[str, str]:
-    """{'git_commit': sha or 'unknown', 'git_dirty': 'true'|'false'|'unknown'} of the checkout."""
-    cwd = str(root or repo_root())
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd, capture_output=True, text=True, check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return {"git_commit": "unknown", "git_dirty": "unknown"}
-    return {"git_commit": sha, "git_dirty": "true" if status.strip() else "false"}
 
 
 def package_versions(names: tuple[str, ...] = LINEAGE_PACKAGES) -> dict[str, str]:

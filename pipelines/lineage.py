@@ -40,13 +40,13 @@ from components.tracking import (
     configure,
     data_splits,
     flatten,
-    git_state,
     log_datasets,
     metric_key,
     package_versions,
     process_tags,
     resolve_tracking_uri,
 )
+from pipelines.gitrepo import git_state
 from pipelines.results import StageResult
 
 FLOW_NAME = "training-pipeline"

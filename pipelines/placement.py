@@ -14,7 +14,6 @@ registration work as in the local mode. Credentials come from each pool's enviro
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from components.errors import ConfigError
 from components.params import Params
 from pipelines import dvc_ops
 from pipelines.dvc_ops import StageFailed, default_remote, entry_md5, stage_env
+from pipelines.gitrepo import changed_files, head_commit
 from pipelines.lineage import PipelineRun
 from pipelines.results import StageResult
 
@@ -29,10 +29,6 @@ from pipelines.results import StageResult
 def placements(params: Params) -> dict[str, str]:
     """{stage: placement} of every stage placed on a work pool (the `local` ones left out)."""
     return {stage: kind for stage, kind in vars(params.placement).items() if kind != "local"}
-
-
-def git_commit(root: str | Path) -> str:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def check_placement(params: Params, root: str | Path, tracking_uri: str) -> None:
@@ -49,9 +45,7 @@ def check_placement(params: Params, root: str | Path, tracking_uri: str) -> None
     if not name or not url:
         raise ConfigError(f"placement ({where}): outputs travel through the DVC remote; configure a default one "
                           "(`dvc remote add -d NAME s3://...`)")
-    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!params.yaml",
-                              ":!dvc.lock"], cwd=root, capture_output=True, text=True).stdout.split("\n")
-    changed = [line[3:] for line in changed if line.strip()]
+    changed = changed_files(root, "params.yaml", "dvc.lock")
     if changed:
         raise ConfigError(f"placement ({where}): work pools run the committed code, and these files differ from "
                           f"it: {', '.join(changed[:5])}; commit (or stash) them first")
@@ -94,7 +88,7 @@ def submit(stage: str, kind: str, run: PipelineRun) -> StageResult:
     from pipelines.stage import STAGE_FLOW
 
     root = Path(run.root)
-    commit = git_commit(root)
+    commit = head_commit(root)
     lock = root / "dvc.lock"
     parameters = {
         "stage": stage, "commit": commit, "params_yaml": (root / "params.yaml").read_text(),

@@ -2,7 +2,7 @@
 
     StageResult   one stage: ran | restored | skipped | failed, seconds, its dvc.lock entry's md5, and
                   (added by lineage.record) its MLflow run or the earlier run that produced its outputs
-    RunSummary    the run: what `grpoflow run` prints (summary.format_summary), the MLflow description
+    RunSummary    the run: what `grpoflow run` prints (summary.format_run_summary), the MLflow description
                   and the Prefect artifacts show; the `training-pipeline` flow's return value
 
 Registration and promotion decisions cross as the dicts of components/promotion.py `as_dict`.

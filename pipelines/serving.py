@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config import load_params
-from components.errors import BackendError, EvaluationError, GrpoflowError
+from components.errors import BackendError, EvaluationError
 from components.gsm8k import build_messages
 from components.modelio import registered_version, resolve_model
 from components.params import Params
@@ -161,9 +161,4 @@ def serve(params: Params, spec: str, host: str, port: int) -> int:
 
 def cli_serve(args: argparse.Namespace) -> int:
     """`grpoflow serve [MODEL] [--port N] [--host H]`."""
-    try:
-        params = load_params(args.params, args.overrides)
-        return serve(params, args.model, args.host, args.port)
-    except GrpoflowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return serve(load_params(args.params, args.overrides), args.model, args.host, args.port)

@@ -1,8 +1,8 @@
 """What a pipeline run reports at its end: the run summary (pipelines/results.py RunSummary, the
 flow's return value), its terminal rendering, and the same story in MLflow and Prefect.
 
-    summarize(run, params, stages, pulled, pushed, registration, decision)   the RunSummary
-    format_summary(summary)        the table printed by `grpoflow run`
+    run_summary(run, params, stages, pulled, pushed, registration, decision)   the RunSummary
+    format_run_summary(summary)        the table printed by `grpoflow run`
     summary_markdown(summary)      the same as markdown: the parent run's description in MLflow
                                    (tag mlflow.note.content) and the flow run's artifact in Prefect
     publish_mlflow(run, summary, params)  name (`rerun` added when no stage ran), description and
@@ -44,7 +44,7 @@ def backend_line(metrics: dict[str, dict[str, Any]]) -> str | None:
     return ", ".join(names) or None
 
 
-def summarize(
+def run_summary(
     run: PipelineRun,
     params: Params,
     stages: list[StageResult],
@@ -119,7 +119,7 @@ def links(s: RunSummary) -> dict[str, str]:
     return out
 
 
-def format_summary(s: RunSummary) -> str:
+def format_run_summary(s: RunSummary) -> str:
     lines = ["", f"grpoflow run summary: {s.name}"]
     lines.append(f"  dvc pull: {s.pull}")
     for st in s.stages:

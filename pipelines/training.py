@@ -10,7 +10,7 @@ stays the only cache: a stage whose inputs did not change is skipped by DVC, and
 reports `ran`, `restored` (from DVC's run cache) or `skipped` by comparing the stage's
 `dvc.lock` entry before and after. Stage tasks retry transient failures (DVC's lock held by
 another process, a failed spawn) but never a stage command that failed. No Prefect caching
-anywhere: dvc.lock is the one cache of stage work (DESIGN.md).
+anywhere: dvc.lock is the one cache of stage work.
 
 The run is named `<short commit> <overrides>` (`rerun` added when no stage ran) in Prefect and
 MLflow alike; the stages' output reaches the flow run's log in the Prefect UI line by line; at the
@@ -47,13 +47,14 @@ from pipelines.dvc_ops import (
     run_dvc,
     stage_env,
     stage_order,
+    stage_status,
 )
 from pipelines.lineage import FLOW_NAME, PipelineRun, failure_recorded, flow_run_name, parent_run
 from pipelines.placement import submit
 from pipelines.results import RunSummary, StageResult
 from pipelines.runlock import pipeline_lock
 from pipelines.runtime import prefect_api_log
-from pipelines.summary import links, publish_mlflow, summarize, summary_markdown
+from pipelines.summary import links, publish_mlflow, run_summary, summary_markdown
 
 __all__ = ["training_pipeline", "StageFailed", "TransientError"]
 
@@ -119,13 +120,7 @@ def run_stage(stage: str, run: PipelineRun, placement: str = "local") -> StageRe
             raise TransientError(f"stage '{stage}': {last_line(tail, rc)}")
         raise StageFailed(f"stage '{stage}' failed (dvc exit {rc}):\n{tail}")
     after = lock_entry(run.root, stage)
-    if "is cached - skipping run" in tail:
-        status = "restored"  # DVC's run cache had these exact outputs: checked out, not run
-    elif after == before:
-        status = "skipped"
-    else:
-        status = "ran"
-    return StageResult(stage, status, seconds, entry_md5(after))
+    return StageResult(stage, stage_status(tail, before, after), seconds, entry_md5(after))
 
 
 @task(name="dvc-push", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
@@ -176,11 +171,11 @@ def promote_model(params: Params, registration: dict[str, Any], run: PipelineRun
 
 
 @task(name="summary", cache_policy=NO_CACHE)
-def summary(
+def summarize_run(
     run: PipelineRun, params: Params, stages: list[StageResult], pulled: str, pushed: str,
     registration: dict[str, Any], decision: dict[str, Any] | None, overrides: list[str],
 ) -> RunSummary:
-    return summarize(run, params, stages, pulled, pushed, registration, decision, overrides)
+    return run_summary(run, params, stages, pulled, pushed, registration, decision, overrides)
 
 
 @task(name="publish", cache_policy=NO_CACHE)
@@ -219,5 +214,5 @@ def training_pipeline(overrides: list[str] | None = None) -> RunSummary:
             lineage_tags = record_lineage(run, stages, params)
             registration = register_model(params, lineage_tags, pushed, run)
             decision = promote_model(params, registration, run)
-            result = summary(run, params, stages, pulled, pushed, registration, decision, overrides or [])
+            result = summarize_run(run, params, stages, pulled, pushed, registration, decision, overrides or [])
             return publish(run, params, result)

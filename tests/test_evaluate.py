@@ -87,7 +87,7 @@ def test_score_and_summarize_hand_made_items():
     assert [i["correct_flexible"] for i in items] == [True, False, True, True]
     assert [i["format_ok"] for i in items] == [True, True, False, False]
     assert [i["extracted"] for i in items] == ["7", "13", None, None]
-    m = scoring.summarize(items)
+    m = scoring.item_metrics(items)
     assert m["n"] == 4
     assert m["accuracy_strict"] == 0.25 and m["accuracy_flexible"] == 0.75 and m["format_rate"] == 0.5
     assert m["mean_completion_tokens"] == 25.0

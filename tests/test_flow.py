@@ -263,14 +263,14 @@ def test_no_registration_when_dvc_push_failed(toy):
     assert s.push.startswith("failed")
     assert "dvc push failed" in s.registration["skipped"] and s.decision is None
     assert mlflow.MlflowClient().search_model_versions("name = 'grpoflow-policy'") == []
-    from pipelines.summary import format_summary
+    from pipelines.summary import format_run_summary
 
-    assert "model: not registered (dvc push failed" in format_summary(s)
+    assert "model: not registered (dvc push failed" in format_run_summary(s)
 
 
 def test_summary_names_the_evaluation_backend():
     from pipelines.results import RunSummary
-    from pipelines.summary import format_summary
+    from pipelines.summary import format_run_summary
 
     metrics = {
         name: {"backend": "vllm", "vllm_version": "0.32.0", "num_samples": 8, "sample_temperature": 0.8,
@@ -280,11 +280,11 @@ def test_summary_names_the_evaluation_backend():
     summary = RunSummary(name="", run_id="r", experiment_id="1", tracking_uri="sqlite:///mlflow.db", pull="skipped",
                          push="skipped", stages=[], metrics=metrics, comparison={}, registration=None, decision=None,
                          reports={})
-    text = format_summary(summary)
+    text = format_run_summary(summary)
     assert "evaluation backend: vllm 0.32.0; 8 samples per problem at T=0.8" in text
     assert "eval grpo   accuracy_strict=0.12" in text and "maj_at_k_strict=0.2" in text
     metrics["grpo"]["backend"] = metrics["sft"]["backend"] = "transformers"
-    assert "evaluation backend: transformers;" in format_summary(summary)
+    assert "evaluation backend: transformers;" in format_run_summary(summary)
 
 
 def _killed_stage_run(toy) -> str:
