@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components import data, gsm8k  # noqa: E402
 from components import model as model_stage  # noqa: E402
-from components.config import DataConfig, ModelConfig  # noqa: E402
+from components.config import DataParams, ModelParams  # noqa: E402
 from components.generation import (  # noqa: E402
     GenerationSettings,
     choose_backend,
@@ -45,9 +45,9 @@ from components.modelio import load_model, load_tokenizer, save_model  # noqa: E
 
 def build_model(root: Path, n: int) -> tuple[Path, list[str], int]:
     data.run(
-        DataConfig(output_dir=str(root / "data"), synthetic_train_size=400, synthetic_test_size=max(n, 1))
+        DataParams(output_dir=str(root / "data"), synthetic_train_size=400, synthetic_test_size=max(n, 1))
     )
-    cfg = ModelConfig(seed=0, tiny_hidden_size=512, tiny_num_layers=6, tiny_num_heads=8,
+    cfg = ModelParams(seed=0, tiny_hidden_size=512, tiny_num_layers=6, tiny_num_heads=8,
                       tiny_intermediate_size=1536, tiny_max_positions=1024)
     model, tok = model_stage.build_tiny(cfg, root / "data/train.jsonl")
     n_params = sum(p.numel() for p in model.parameters())

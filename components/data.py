@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.config import DataConfig, stage_main
+from components.entry import stage_main
 from components.errors import ConfigError, DataError
 from components.files import jsonl_bytes, replace_dir
+from components.params import DataParams
 from components.sources import (
     MAX_REPORTED,
     Record,
@@ -62,7 +63,7 @@ def collect(rows: Iterable[Record]) -> SplitResult:
     return result
 
 
-def load_split(source: str, split: str, cfg: DataConfig, exclude: set[str] = frozenset()) -> SplitResult:
+def load_split(source: str, split: str, cfg: DataParams, exclude: set[str] = frozenset()) -> SplitResult:
     if source == "synthetic":
         n = cfg.synthetic_train_size if split == "train" else cfg.synthetic_test_size
         return collect(
@@ -84,7 +85,7 @@ def find_overlap(train: SplitResult, test: SplitResult) -> list[str]:
     ]
 
 
-def run(cfg: DataConfig) -> dict[str, Any]:
+def run(cfg: DataParams) -> dict[str, Any]:
     """Load, validate and write both splits; returns the stats written to stats.json."""
     test = load_split(cfg.test_source, "test", cfg)
     exclude = {normalize_question(r["question"]) for r in test.rows} if cfg.train_source == "synthetic" else set()

@@ -41,9 +41,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from components.config import Params, stage_main
+from components.entry import stage_main
 from components.errors import EvaluationError
 from components.modelio import is_model_dir, resolve_model
+from components.params import Params
 from components.reports import Results, log_to_mlflow, write_reports
 from components.scoring import compare, data_source, evaluate_model
 from components.sources import load_problems

@@ -30,8 +30,8 @@ from typing import Any
 
 from components.errors import ConfigError, InputError
 from components.files import csv_bytes, md5_file, tree_digest, write_bytes, write_json
-from components.reports import is_timing
-from components.tracking import package_versions
+from components.params import GRPOParams, Params, SFTParams
+from components.tracking import is_timing, package_versions
 
 log = logging.getLogger("grpoflow.finetune")
 
@@ -146,6 +146,14 @@ def code_md5s(stage: str) -> dict[str, str]:
     return {d: md5_file(d) for d in deps}
 
 
+def fingerprint_fields(section: Any) -> dict[str, Any]:
+    """A params section's values that shape training: every field but those marked
+    `fingerprint=False` in components/params.py (paths, resume, sample_size, the GRPO monitor)."""
+    return {
+        f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.metadata.get("fingerprint", True)
+    }
+
+
 def fingerprint(stage: str, settings: dict[str, Any], inputs: Iterable[str | os.PathLike]) -> str:
     """What makes a checkpoint resumable: the training settings, the input files (model, data), the
     stage's code and the versions of the training libraries."""
@@ -217,7 +225,7 @@ def clear_checkpoints(ckpt_dir: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
-def tracked(stage: str, params: Any, args: Any) -> Iterator[None]:
+def tracked(stage: str, params: Params, args: Any) -> Iterator[None]:
     """The stage's MLflow run (tracking.stage_run) on the main process; nothing on the others
     (under `accelerate launch` every process runs the stage, one of them logs)."""
     if args.process_index == 0:
@@ -244,7 +252,7 @@ def train_and_save(
     stage: str,
     trainer: Any,
     checkpoint: str | None,
-    cfg: Any,
+    cfg: SFTParams | GRPOParams,
     *,
     samples: list[dict[str, str]],
     max_new_tokens: int,
@@ -261,6 +269,7 @@ def train_and_save(
     import mlflow
 
     from components.modelio import save_model
+    from components.train_samples import log_samples
 
     output_dir, ckpt_dir, lora, report = cfg.output_dir, cfg.checkpoint_dir, cfg.use_lora, Path(cfg.metrics_file)
 
@@ -326,35 +335,3 @@ def history_rows(
     ]
     columns = list(dict.fromkeys(["step", *(k for r in logged for k in r), *required]))
     return [{c: r.get(c, math.nan) for c in columns} for r in logged], columns
-
-
-# --------------------------------------------------------------------------- samples
-
-
-def log_samples(
-    model, tokenizer, rows: list[dict[str, str]], artifact_file: str, max_new_tokens: int
-) -> dict:
-    """Answer `rows` greedily, log them as an MLflow table and return {sample_accuracy, sample_format_rate}."""
-    if not rows:
-        return {}
-    import mlflow
-
-    from components import gsm8k
-    from components.generation import greedy
-
-    prompts = [gsm8k.render_prompt(r["question"], tokenizer) for r in rows]
-    completions = greedy(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
-    correct = [gsm8k.is_correct(c, r["gold"], "strict") for c, r in zip(completions, rows, strict=True)]
-    formatted = [gsm8k.has_strict_format(c) for c in completions]
-    mlflow.log_table(
-        {
-            "id": [r.get("id", "") for r in rows],
-            "question": [r["question"] for r in rows],
-            "completion": completions,
-            "gold": [r["gold"] for r in rows],
-            "correct": correct,
-            "strict_format": formatted,
-        },
-        artifact_file=artifact_file,
-    )
-    return {"sample_accuracy": sum(correct) / len(rows), "sample_format_rate": sum(formatted) / len(rows)}

@@ -21,8 +21,8 @@ ids are decoded here with the same tokenizer, so they differ only in the numeric
 forward pass. A prompt longer than the model's context minus `max_new_tokens` keeps its
 last tokens (what lm-evaluation-harness does) and is counted in `truncated_prompts`.
 
-`greedy(model, tokenizer, prompts)` runs the transformers path on a model already in memory
-(the training stages' sample completions), so greedy decoding exists once.
+Evaluation only: the training stages answer their sample problems with their own short greedy
+loop (components/train_samples.py), so that a change here re-runs the evaluate stage alone.
 """
 
 from __future__ import annotations
@@ -323,27 +323,3 @@ def generate(
         sample_tokens=[[d[1] for d in seqs] for seqs in sampled],
         sample_seconds=sample_seconds,
     )
-
-
-def model_eos_ids(model, tokenizer) -> list[int]:
-    """EOS ids of a model in memory (its generation config) and of its tokenizer."""
-    eos = model.generation_config.eos_token_id
-    ids = [eos] if isinstance(eos, int) else list(eos or [])
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    return sorted({int(i) for i in ids})
-
-
-def greedy(model, tokenizer, prompts: list[str], max_new_tokens: int = 256, batch_size: int = 64) -> list[str]:
-    """Greedy completions of rendered prompts by a model in memory (the transformers backend's path)."""
-    settings = GenerationSettings(max_new_tokens=max_new_tokens, batch_size=batch_size)
-    eos_ids = model_eos_ids(model, tokenizer)
-    context = getattr(model.config, "max_position_embeddings", None)
-    prompt_ids, _ = encode_prompts(tokenizer, prompts, max_new_tokens, context)
-    was_training = model.training
-    model.eval()
-    try:
-        out_ids = transformers_generate(model, tokenizer, prompt_ids, settings, eos_ids)
-    finally:
-        model.train(was_training)
-    return [decode(tokenizer, ids, eos_ids, [])[0] for ids in out_ids]

@@ -31,14 +31,11 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from components.config import Params, stage_main
+from components.entry import stage_main
 from components.errors import ConfigError
+from components.params import Params
 
 STAGE = "grpo"
-_NOT_TRAINING = (
-    "init_dir", "output_dir", "checkpoint_dir", "resume", "sample_size", "metrics_file", "history_file",
-    "signal_window", "signal_zero_std", "signal_flat_reward", "signal_max_kl",  # the monitor only watches
-)
 COMPLETIONS_TABLE = "grpo_completions.json"
 # Columns dvc.yaml's plots read that TRL does not always log (kl only when beta > 0): present, maybe empty.
 HISTORY_REQUIRED = ("loss", "reward", "reward_std", "kl", "completions/mean_length", "frac_reward_zero_std")
@@ -59,25 +56,22 @@ def history_names(trl_names: list[str], funcs: list[str]) -> dict[str, str]:
 
 
 def recipe(params: Params) -> dict[str, Any]:
-    """The GRPOConfig fields our params section owns (the recipe) and the reward weights."""
+    """The GRPOConfig fields our params section owns (the fields marked `recipe` in
+    components/params.py) and the reward weights."""
     cfg = params.grpo
+    owned = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.metadata.get("recipe")}
+    return {**owned, "reward_weights": [float(w) for w in params.rewards.weights]}
+
+
+def fingerprint_settings(params: Params) -> dict[str, Any]:
+    """The settings that enter the resume fingerprint (finetune.fingerprint)."""
+    from components import finetune
+
     return {
-        "num_generations": cfg.num_generations,
-        "temperature": cfg.temperature,
-        "beta": cfg.beta,
-        "epsilon": cfg.epsilon,
-        "loss_type": cfg.loss_type,
-        "scale_rewards": cfg.scale_rewards,
-        "num_iterations": cfg.num_iterations,
-        "use_vllm": cfg.use_vllm,
-        "vllm_mode": cfg.vllm_mode,
-        "reward_weights": [float(w) for w in params.rewards.weights],
+        "grpo": finetune.fingerprint_fields(params.grpo),
+        "rewards": dataclasses.asdict(params.rewards),
+        "model.dtype": params.model.dtype,
     }
-
-
-def training_settings(params: Params) -> dict[str, Any]:
-    cfg = {k: v for k, v in dataclasses.asdict(params.grpo).items() if k not in _NOT_TRAINING}
-    return {"grpo": cfg, "rewards": dataclasses.asdict(params.rewards), "model.dtype": params.model.dtype}
 
 
 def _trainer_class():
@@ -117,7 +111,9 @@ def trainer_settings(params: Params) -> tuple[Any, Any]:
     from trl import GRPOConfig as TRLGRPOConfig
 
     from components import finetune
+    from components.rewards import check_reward_names
 
+    check_reward_names(params.rewards)
     cfg = params.grpo
     if cfg.use_vllm and cfg.vllm_mode == "colocate" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
@@ -153,7 +149,7 @@ def run(params: Params) -> Path:
             "gold": [r["gold"] for r in rows],  # the rewards read this column
         }
     )
-    fp = finetune.fingerprint(STAGE, training_settings(params), [data_dir / "train.jsonl", cfg.init_dir])
+    fp = finetune.fingerprint(STAGE, fingerprint_settings(params), [data_dir / "train.jsonl", cfg.init_dir])
     checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, STAGE)
 
     monitor = signal_monitor.SignalMonitor(

@@ -24,9 +24,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from components import gsm8k
-from components.config import ModelConfig, Params, stage_main
+from components.entry import stage_main
 from components.errors import InputError
 from components.modelio import load_model_and_tokenizer, save_model
+from components.params import ModelParams, Params
 from components.sources import read_split
 
 log = logging.getLogger("grpoflow.model")
@@ -100,7 +101,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, model_max_length: int
     )
 
 
-def build_tiny(cfg: ModelConfig, train_path: str | os.PathLike):
+def build_tiny(cfg: ModelParams, train_path: str | os.PathLike):
     """(model, tokenizer): a seeded Qwen2 of the `model.tiny_*` shape and its local tokenizer."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
@@ -131,7 +132,7 @@ def build_tiny(cfg: ModelConfig, train_path: str | os.PathLike):
 # --------------------------------------------------------------------------- the stage
 
 
-def run(cfg: ModelConfig, train_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Path:
+def run(cfg: ModelParams, train_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Path:
     """Write the base model folder: the tiny model built here, or a copy of a hub/local model."""
     out_dir = Path(out_dir or cfg.base_dir)
     if cfg.name_or_path == TINY:

@@ -26,6 +26,7 @@ from typing import Any
 
 from components.errors import EvaluationError, InputError
 from components.files import replace_dir
+from components.params import ModelParams, Params
 
 MODEL_URI_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
 
@@ -95,7 +96,7 @@ def load_model(
     return model
 
 
-def load_model_and_tokenizer(path: str | os.PathLike, cfg: Any):
+def load_model_and_tokenizer(path: str | os.PathLike, cfg: ModelParams):
     """Model and tokenizer of a model folder or hub id, with the `model` section's dtype and trust
     settings; `model.revision` applies to the hub id `model.name_or_path` only."""
     revision = cfg.revision if str(path) == cfg.name_or_path and not Path(str(path)).exists() else None
@@ -133,7 +134,7 @@ class ResolvedModel:
     endpoint: str = ""  # base URL of an OpenAI-compatible server (then there is no local folder)
 
 
-def registered_version(spec: str, params: Any = None) -> tuple[str, str] | None:
+def registered_version(spec: str, params: Params | None = None) -> tuple[str, str] | None:
     """(name, version) of a registered-model URI, the alias looked up in the registry; None for
     anything else. Fails naming the URI when the name, alias or version is not there."""
     m = re.fullmatch(r"models:/([^/@]+)(?:@([^/]+)|/(\d+))", spec.rstrip("/"))
@@ -162,7 +163,7 @@ def _find_dir(root: Path, test) -> Path | None:
     return None
 
 
-def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, params: Any = None) -> ResolvedModel:
+def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, params: Params | None = None) -> ResolvedModel:
     """A model folder for `spec`: a local folder, an MLflow URI (models:/NAME@ALIAS, runs:/...) or a hub id;
     or, for an http(s) URL, the base URL of an OpenAI-compatible endpoint (nothing downloaded)."""
     if spec.startswith(("http://", "https://")):

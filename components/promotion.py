@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from components.errors import RegistryError
+from components.params import Params
 from components.registry import (
     CHALLENGER,
     CHAMPION,
@@ -159,7 +160,7 @@ def eval_settings(tags: dict[str, str]) -> dict[str, str | None]:
     return {k: tags.get(f"eval.{k}") for k in EVAL_KEYS}
 
 
-def reevaluate(params: Any, name: str, version: str, root: Path, test_sha256: str | None) -> dict[str, bool]:
+def reevaluate(params: Params, name: str, version: str, root: Path, test_sha256: str | None) -> dict[str, bool]:
     """Evaluate registered `version` on the challenger's items with the challenger's settings
     (`params.evaluate`); {item id: correct}."""
     from components.modelio import resolve_model
@@ -183,7 +184,7 @@ def reevaluate(params: Any, name: str, version: str, root: Path, test_sha256: st
     return {str(i["id"]): i["correct"] for i in items}
 
 
-def gate(params: Any, registration: Registration, root: str | os.PathLike | None = None) -> Decision:
+def gate(params: Params, registration: Registration, root: str | os.PathLike | None = None) -> Decision:
     """Move `champion` to the challenger if the gate passes; the decision is tagged and returned."""
     root = Path(root or repo_root())
     name, version = registration.name, registration.version
@@ -224,7 +225,7 @@ def gate(params: Any, registration: Registration, root: str | os.PathLike | None
     return decision
 
 
-def force_promote(params: Any, name: str, version: str, reason: str) -> Decision:
+def force_promote(params: Params, name: str, version: str, reason: str) -> Decision:
     """Put `champion` on a version by hand; the reason and who did it are tagged."""
     client = client_for(params)
     from mlflow.exceptions import MlflowException
@@ -242,7 +243,7 @@ def force_promote(params: Any, name: str, version: str, reason: str) -> Decision
     return decision
 
 
-def rollback(params: Any, name: str) -> Decision:
+def rollback(params: Params, name: str) -> Decision:
     """Move `champion` back to the version it replaced (its `promotion.previous_champion` tag)."""
     client = client_for(params)
     champion = alias_version(client, name, CHAMPION)

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from components.errors import RegistryError
+from components.params import Params
 from components.reports import read_comparison, read_items, read_metrics
 from components.tracking import configure, package_versions, repo_root
 
@@ -63,7 +64,7 @@ def pip_requirements() -> list[str]:
     return reqs
 
 
-def model_dir(params: Any, root: Path) -> Path:
+def model_dir(params: Params, root: Path) -> Path:
     stage = params.register.model_stage
     section = getattr(params, stage, None)
     if section is None or not hasattr(section, "output_dir"):
@@ -73,7 +74,7 @@ def model_dir(params: Any, root: Path) -> Path:
     return root / section.output_dir
 
 
-def items_path(params: Any, root: Path) -> Path:
+def items_path(params: Params, root: Path) -> Path:
     return root / params.evaluate.output_dir / f"{params.register.model_stage}.items.jsonl"
 
 
@@ -120,7 +121,7 @@ def metric_tags(metrics: dict[str, dict[str, Any]]) -> dict[str, str]:
     return tags
 
 
-def client_for(params: Any, root: str | os.PathLike | None = None):
+def client_for(params: Params, root: str | os.PathLike | None = None):
     import mlflow
 
     configure(params, root)
@@ -159,7 +160,7 @@ def alias_version(client, name: str, alias: str):
 # --------------------------------------------------------------------------- register
 
 
-def register(params: Any, lineage: dict[str, str], run_id: str, root: str | os.PathLike | None = None) -> Registration:
+def register(params: Params, lineage: dict[str, str], run_id: str, root: str | os.PathLike | None = None) -> Registration:
     """Register the model folder as a new version (once per dvc.lock md5) and alias it challenger."""
     import mlflow
 

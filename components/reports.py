@@ -118,9 +118,3 @@ def log_to_mlflow(results: Results, comparison: dict[str, Any] | None, paths: li
         for name, (_, items) in results.items():
             columns = {key: [row[key] for row in items] for key in items[0]} if items else {}
             mlflow.log_table(data=columns, artifact_file=f"eval/{name}_items_table.json")
-
-
-def is_timing(key: str) -> bool:
-    """Wall-clock values, which differ run to run (train_seconds, step_time, completions_per_second, ...):
-    kept out of model folders and histories, shown but not compared by `grpoflow reproduce`."""
-    return key.endswith(("_seconds", "_time", "_runtime", "_per_second"))

@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from components import answers, gsm8k
+from components.errors import ConfigError
+from components.params import RewardsParams
 
 RewardFunc = Callable[..., list]
 
@@ -213,6 +215,25 @@ def check_reward_name(name: str) -> None:
     )
 
 
+def check_reward_names(cfg: RewardsParams) -> None:
+    """Every name of the `rewards` params section is a registry name or a dotted path, else a
+    ConfigError naming the entry (`rewards.funcs[1]: unknown reward 'nope'; ...`). The grpo stage and
+    `grpoflow run` check this before anything runs; the params schema does not (a reward is GRPO's
+    business: the stages that do not use rewards must not depend on this module).
+
+    >>> from types import SimpleNamespace
+    >>> check_reward_names(SimpleNamespace(funcs=["format", "nope"]))
+    Traceback (most recent call last):
+    ...
+    components.errors.ConfigError: rewards.funcs[1]: unknown reward 'nope'; known rewards: ...
+    """
+    for i, name in enumerate(cfg.funcs):
+        try:
+            check_reward_name(name)
+        except ValueError as exc:
+            raise ConfigError(f"rewards.funcs[{i}]: {exc}") from None
+
+
 def load_reward(name: str) -> RewardFunc:
     """The reward function for a registry name or a `package.module:function` path.
 
@@ -248,12 +269,12 @@ def get_reward_funcs(names: Sequence[str]) -> list[RewardFunc]:
     return funcs
 
 
-def build_rewards(cfg: Any) -> tuple[list[RewardFunc], list[float]]:
+def build_rewards(cfg: RewardsParams) -> tuple[list[RewardFunc], list[float]]:
     """(functions, weights) from the `rewards` params section, for GRPOTrainer's
     `reward_funcs` and GRPOConfig's `reward_weights`.
 
-    >>> from components.config import RewardsConfig
-    >>> funcs, weights = build_rewards(RewardsConfig(funcs=["format", "accuracy"], weights=[0.5, 1.0]))
+    >>> from components.params import RewardsParams
+    >>> funcs, weights = build_rewards(RewardsParams(funcs=["format", "accuracy"], weights=[0.5, 1.0]))
     >>> [f.__name__ for f in funcs], weights
     (['format_reward', 'accuracy_reward'], [0.5, 1.0])
     """

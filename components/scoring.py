@@ -3,7 +3,7 @@ and the promotion gate's re-evaluation of a champion.
 
     build_prompts(problems, protocol, ...)   prompts (and stop strings) of a protocol: grpoflow (the
                                              training prompt) or lm-eval-gsm8k (the harness's 5-shot)
-    score_item / score_samples / summarize   one items.jsonl row (greedy, and its k samples) / metrics
+    score_item / score_samples / item_metrics   one items.jsonl row (greedy, and its k samples) / metrics
                                              with their intervals
     compare(items_a, items_b)                paired difference on the items both have (matched by id)
     evaluate_model(model, problems, params)  generate (components/generation.py, or an OpenAI-compatible
@@ -28,6 +28,7 @@ from components import endpoint, gsm8k, lm_eval_gsm8k
 from components.errors import EvaluationError
 from components.generation import Generation, GenerationSettings, generate
 from components.modelio import ResolvedModel, load_tokenizer
+from components.params import Params
 from components.sources import load_problems, problems_sha256
 from components.stats import (
     compare_paired,
@@ -51,12 +52,12 @@ SAMPLED_BINARY = {
 SAMPLED_MEANS = {"sampled_accuracy_strict": "samples_correct", "sampled_accuracy_flexible": "samples_correct_flexible"}
 
 
-def data_source(params: Any, override: str | None = None) -> str:
+def data_source(params: Params, override: str | None = None) -> str:
     src = override or params.evaluate.data
     return src or f"jsonl:{Path(params.data.output_dir) / 'test.jsonl'}"
 
 
-def fewshot_source(params: Any, data: str) -> tuple[str, str]:
+def fewshot_source(params: Params, data: str) -> tuple[str, str]:
     """(source, split) of the lm-eval few-shot examples."""
     if params.evaluate.fewshot_source:
         src = params.evaluate.fewshot_source
@@ -68,7 +69,7 @@ def fewshot_source(params: Any, data: str) -> tuple[str, str]:
 
 
 def build_prompts(
-    problems: list[dict[str, str]], protocol: str, tokenizer, params: Any, data: str
+    problems: list[dict[str, str]], protocol: str, tokenizer, params: Params, data: str
 ) -> tuple[list[str], list[str]]:
     """(prompts, stop strings) for the protocol."""
     if protocol == "grpoflow":
@@ -175,11 +176,11 @@ def score_samples(gold: str, completions: list[str], num_tokens: list[int], prot
     return row
 
 
-def summarize(items: list[dict[str, Any]]) -> dict[str, Any]:
+def item_metrics(items: list[dict[str, Any]]) -> dict[str, Any]:
     """Accuracy metrics with Wilson 95% intervals from scored items (and the sampled metrics when
-    the items carry samples, see `summarize_samples`).
+    the items carry samples, see `sample_metrics`).
 
-    >>> m = summarize([{"correct": True, "correct_flexible": True, "format_ok": True, "completion_tokens": 10},
+    >>> m = item_metrics([{"correct": True, "correct_flexible": True, "format_ok": True, "completion_tokens": 10},
     ...                {"correct": False, "correct_flexible": True, "format_ok": False, "completion_tokens": 30}])
     >>> m["n"], m["accuracy_strict"], m["accuracy_flexible"], m["format_rate"], m["mean_completion_tokens"]
     (2, 0.5, 1.0, 0.5, 20.0)
@@ -197,7 +198,7 @@ def summarize(items: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_completion_tokens": sum(i["completion_tokens"] for i in items) / n if n else 0.0,
     }
     if items and "samples_correct" in items[0]:
-        metrics.update(summarize_samples(items))
+        metrics.update(sample_metrics(items))
     return metrics
 
 
@@ -205,7 +206,7 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def summarize_samples(items: list[dict[str, Any]]) -> dict[str, Any]:
+def sample_metrics(items: list[dict[str, Any]]) -> dict[str, Any]:
     """Sampled metrics over items with k samples each.
 
     >>> items = [{"samples_correct": [True, False], "samples_correct_flexible": [True, True], "pass_at_k": True,
@@ -214,7 +215,7 @@ def summarize_samples(items: list[dict[str, Any]]) -> dict[str, Any]:
     ...          {"samples_correct": [False, False], "samples_correct_flexible": [False, True], "pass_at_k": False,
     ...           "pass_at_k_flexible": True, "maj_correct": False, "maj_correct_flexible": False,
     ...           "samples_format_ok": [True, True], "samples_tokens": [2, 4]}]
-    >>> m = summarize_samples(items)
+    >>> m = sample_metrics(items)
     >>> m["num_samples"], m["sampled_accuracy_strict"], m["sampled_accuracy_flexible"], m["pass_at_k_strict"]
     (2, 0.25, 0.75, 0.5)
     >>> m["maj_at_k_strict"], m["maj_at_k_flexible"], m["sampled_format_rate"], m["sampled_mean_completion_tokens"]
@@ -260,7 +261,7 @@ def compare(items_a: list[dict[str, Any]], items_b: list[dict[str, Any]], primar
     return {"metric": primary, **by_metric[primary], "by_metric": by_metric}
 
 
-def settings_from(params: Any) -> GenerationSettings:
+def settings_from(params: Params) -> GenerationSettings:
     cfg = params.evaluate
     return GenerationSettings(
         max_new_tokens=cfg.max_new_tokens,
@@ -285,7 +286,7 @@ def sample_seeds(problems: list[dict[str, str]], seed: int) -> list[int]:
 
 
 def _generate(
-    model: ResolvedModel, problems, protocol: str, params: Any, data: str, backend: str
+    model: ResolvedModel, problems, protocol: str, params: Params, data: str, backend: str
 ) -> tuple[Generation, GenerationSettings]:
     """(Generation, settings) for a model folder or hub id (local backends) or an endpoint."""
     settings = settings_from(params)
@@ -318,7 +319,7 @@ def _generate(
 def evaluate_model(
     model: ResolvedModel,
     problems: list[dict[str, str]],
-    params: Any,
+    params: Params,
     *,
     protocol: str,
     backend: str,
@@ -333,7 +334,7 @@ def evaluate_model(
     for item, p, texts, tokens in zip(items, problems, gen.samples, gen.sample_tokens, strict=False):
         item.update(score_samples(p["gold"], texts, tokens, protocol))
     metrics = {
-        **summarize(items),
+        **item_metrics(items),
         "completions_per_second": gen.completions_per_second,
         "generation_seconds": gen.seconds,
         "load_seconds": gen.load_seconds,

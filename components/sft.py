@@ -19,18 +19,16 @@ replaced atomically, only after training succeeded.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import re
 from pathlib import Path
 from typing import Any
 
-from components.config import Params, stage_main
+from components.entry import stage_main
+from components.params import Params
 
 STAGE = "sft"
 _RESULT_RE = re.compile(r"=\s*(-?\d+(?:\.\d+)?)")
-# Settings that do not change what is trained; left out of the resume fingerprint.
-_NOT_TRAINING = ("output_dir", "checkpoint_dir", "resume", "sample_size", "metrics_file", "history_file")
 
 
 def untagged_target(solution: str, answer: str) -> str:
@@ -86,9 +84,11 @@ def build_demos(rows: list[dict[str, str]], tokenizer: Any, cfg) -> tuple[Any, d
     return Dataset.from_dict({"prompt": prompts, "completion": completions}), counts
 
 
-def training_settings(params: Params) -> dict[str, Any]:
-    cfg = {k: v for k, v in dataclasses.asdict(params.sft).items() if k not in _NOT_TRAINING}
-    return {"sft": cfg, "model.dtype": params.model.dtype}
+def fingerprint_settings(params: Params) -> dict[str, Any]:
+    """The settings that enter the resume fingerprint (finetune.fingerprint)."""
+    from components import finetune
+
+    return {"sft": finetune.fingerprint_fields(params.sft), "model.dtype": params.model.dtype}
 
 
 def trainer_settings(params: Params) -> tuple[Any, Any]:
@@ -119,7 +119,7 @@ def run(params: Params) -> Path:
 
     model, tokenizer = modelio.load_model_and_tokenizer(params.model.base_dir, params.model)
     dataset, counts = build_demos(rows, tokenizer, cfg)
-    fp = finetune.fingerprint(STAGE, training_settings(params), [data_dir / "train.jsonl", params.model.base_dir])
+    fp = finetune.fingerprint(STAGE, fingerprint_settings(params), [data_dir / "train.jsonl", params.model.base_dir])
     checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, STAGE)
 
     with finetune.tracked(STAGE, params, args):

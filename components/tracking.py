@@ -18,8 +18,8 @@ marks a run whose process is gone KILLED), logs the data files it is given as ML
 (`log_datasets`: the Datasets column of the runs table, digest = the file's sha256), and marks
 the run FAILED when the body raises (the exception propagates).
 
-Lineage helpers (`git_state`, `package_versions`) are used by the training flow to tag its
-parent run and by the registry to tag model versions. Names: run tags start with `grpoflow.`
+`package_versions` (library versions) is used by the training flow to tag its parent run and by
+the registry to tag model versions. Names: run tags start with `grpoflow.`
 (TAG_PREFIX), metric names join their parts with `/` (`metric_key`).
 """
 
@@ -29,13 +29,13 @@ import contextlib
 import importlib.metadata
 import os
 import socket
-import subprocess
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from components.files import repo_root, sha256_file
+from components.params import Params
 
 PARENT_ENV = "GRPOFLOW_PARENT_RUN_ID"
 # Names: every run tag grpoflow writes starts with TAG_PREFIX; metric names join their parts
@@ -54,7 +54,7 @@ def _scheme(uri: str) -> str:
     return uri.split(":", 1)[0].lower() if "://" in uri else ""
 
 
-def resolve_tracking_uri(params: Any = None, base: str | os.PathLike | None = None) -> str:
+def resolve_tracking_uri(params: Params | None = None, base: str | os.PathLike | None = None) -> str:
     """MLFLOW_TRACKING_URI if set, else `tracking.uri`; relative local paths made absolute against `base`."""
     uri = os.environ.get("MLFLOW_TRACKING_URI") or (params.tracking.uri if params is not None else "")
     if not uri:
@@ -104,7 +104,7 @@ def ui_address(uri: str) -> str:
     return uri.rstrip("/") if _scheme(uri) in ("http", "https") else "http://127.0.0.1:5000"
 
 
-def resolve_artifact_location(params: Any, uri: str, base: str | os.PathLike | None = None) -> str | None:
+def resolve_artifact_location(params: Params, uri: str, base: str | os.PathLike | None = None) -> str | None:
     """A file URI for new experiments on a local store; None lets a tracking server decide."""
     if _scheme(uri) not in _LOCAL_SCHEMES or params is None or not params.tracking.artifact_location:
         return None
@@ -116,7 +116,7 @@ def resolve_artifact_location(params: Any, uri: str, base: str | os.PathLike | N
     return path.resolve().as_uri()
 
 
-def configure(params: Any, base: str | os.PathLike | None = None) -> str:
+def configure(params: Params, base: str | os.PathLike | None = None) -> str:
     """Point mlflow at the resolved URI and experiment (created if missing); returns the experiment id."""
     import mlflow
     from mlflow.exceptions import MlflowException
@@ -161,7 +161,7 @@ def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-def stage_sections(stage: str, params: Any, dvc_yaml: str | os.PathLike | None = None) -> list[str]:
+def stage_sections(stage: str, params: Params, dvc_yaml: str | os.PathLike | None = None) -> list[str]:
     """Param sections the stage depends on: the top-level keys its dvc.yaml `params:` names."""
     known = list(params.to_dict()) if params is not None else []
     path = Path(dvc_yaml) if dvc_yaml else repo_root() / "dvc.yaml"
@@ -193,7 +193,7 @@ def process_tags() -> dict[str, str]:
 DatasetFiles = Mapping[str, tuple[str | os.PathLike, str]]  # {name: (JSONL file, context)}
 
 
-def data_splits(params: Any, **contexts: str) -> dict[str, tuple[Path, str]]:
+def data_splits(params: Params, **contexts: str) -> dict[str, tuple[Path, str]]:
     """{split: (file, context)} of the prepared splits, e.g. data_splits(params, train="training")."""
     return {split: (Path(params.data.output_dir) / f"{split}.jsonl", ctx) for split, ctx in contexts.items()}
 
@@ -225,7 +225,7 @@ def log_datasets(run_id: str, files: DatasetFiles) -> None:
 
 @contextlib.contextmanager
 def stage_run(
-    stage: str, params: Any, extra_params: Mapping[str, Any] | None = None, datasets: DatasetFiles | None = None
+    stage: str, params: Params, extra_params: Mapping[str, Any] | None = None, datasets: DatasetFiles | None = None
 ) -> Iterator[Any]:
     """An MLflow run for one stage, nested under the flow's parent run when there is one."""
     import mlflow
@@ -271,22 +271,6 @@ def _end_until(run_id: str, status: str) -> None:
 # --------------------------------------------------------------------------- lineage
 
 
-def git_state(root: str | os.PathLike | None = None) -> dict[str, str]:
-    """{'git_commit': sha or 'unknown', 'git_dirty': 'true'|'false'|'unknown'} of the checkout."""
-    cwd = str(root or repo_root())
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd, capture_output=True, text=True, check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return {"git_commit": "unknown", "git_dirty": "unknown"}
-    return {"git_commit": sha, "git_dirty": "true" if status.strip() else "false"}
-
-
 def package_versions(names: tuple[str, ...] = LINEAGE_PACKAGES) -> dict[str, str]:
     """Installed version of each distribution, 'not-installed' when absent (e.g. vllm on a CPU box)."""
     out = {}
@@ -296,3 +280,9 @@ def package_versions(names: tuple[str, ...] = LINEAGE_PACKAGES) -> dict[str, str
         except importlib.metadata.PackageNotFoundError:
             out[name] = "not-installed"
     return out
+
+
+def is_timing(key: str) -> bool:
+    """Wall-clock values, which differ run to run (train_seconds, step_time, completions_per_second, ...):
+    kept out of model folders and histories, shown but not compared by `grpoflow reproduce`."""
+    return key.endswith(("_seconds", "_time", "_runtime", "_per_second"))

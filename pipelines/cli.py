@@ -1,6 +1,6 @@
 """The `grpoflow` command line.
 
-    grpoflow run [-S section.key=value ...]     run the training flow (prepare → sft → grpo → evaluate → register → promote)
+    grpoflow run [-S section.key=value ...]     run the training flow (data → model → sft → grpo → evaluate → register → promote)
     grpoflow evaluate --model PATH_OR_URI       evaluate a model folder, a registered model or an endpoint URL
     grpoflow grade --input F --output F         grade completions from any system against gold answers
     grpoflow promote NAME VERSION --reason T    force the champion alias onto a version
@@ -150,8 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module, func = args.handler.split(":")
-    handler = getattr(importlib.import_module(module), func)
-    return int(handler(args) or 0)
+    from components.entry import one_line_errors  # after parsing: `--help` stays stdlib-only
+
+    return one_line_errors(lambda: getattr(importlib.import_module(module), func)(args))
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@
     grpoflow rollback NAME                      the previous champion back
     grpoflow stage NAME --commit SHA ...        one stage in a clean working copy (pipelines/stage.py)
 
-Errors are one line on stderr, never a traceback: exit code 2 for input to fix (components/errors.py),
-1 for a service that does not answer or a stage/DVC/MLflow failure, 3 for a checkout held by another run.
+Errors are one line on stderr, never a traceback (components/entry.py one_line_errors, around every
+subcommand): exit code 2 for input to fix (components/errors.py), 1 for a service that does not answer
+or a stage/DVC/MLflow failure, 3 for a checkout held by another run.
 A tracking server that does not answer is found before any work starts.
 """
 
@@ -17,45 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from components.config import load_params, params_in
-from components.errors import GrpoflowError, TrackingUnavailable
+from components.entry import fail
 from components.tracking import check_reachable, repo_root, resolve_tracking_uri
-
-
-def _fail(message: BaseException | str, code: int) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return code
-
-
-def _external_error(exc: BaseException) -> str | None:
-    """One line for an error MLflow or DVC raised (their own types), else None."""
-    from dvc.exceptions import DvcException
-    from mlflow.exceptions import MlflowException
-
-    if isinstance(exc, MlflowException):
-        return f"MLflow: {getattr(exc, 'message', exc)}"
-    if isinstance(exc, DvcException):
-        return f"DVC: {exc}"
-    return None
-
-
-def one_line_errors(command: Callable[[], int]) -> int:
-    """Run a command; actionable and service errors become one line and an exit code."""
-    try:
-        return command()
-    except TrackingUnavailable as exc:
-        return _fail(exc, 1)
-    except GrpoflowError as exc:
-        return _fail(exc, 2)
-    except Exception as exc:
-        if (line := _external_error(exc)) is None:
-            raise  # a bug: the traceback is what helps
-        return _fail(line, 1)
 
 
 def _load_checked(args: argparse.Namespace, root: Path | None = None) -> Any:
@@ -72,11 +41,11 @@ def cli_run(args: argparse.Namespace) -> int:
     prefect_env_defaults()
     root = repo_root()
     if args.params and Path(args.params).resolve() != (root / "params.yaml").resolve():
-        return _fail("--params: the pipeline runs on the repo's params.yaml, which DVC tracks; "
+        return fail("--params: the pipeline runs on the repo's params.yaml, which DVC tracks; "
                      "use -S section.key=value to change values", 2)
     if not (root / "dvc.yaml").is_file():
-        return _fail(f"{root}: no dvc.yaml here; run grpoflow from the repository", 2)
-    return one_line_errors(lambda: _run(args, root))
+        return fail(f"{root}: no dvc.yaml here; run grpoflow from the repository", 2)
+    return _run(args, root)
 
 
 def _run(args: argparse.Namespace, root: Path) -> int:
@@ -95,7 +64,7 @@ def _run(args: argparse.Namespace, root: Path) -> int:
 
     from pipelines.dvc_ops import StageFailed, TransientError, stage_order
     from pipelines.runlock import PipelineLocked
-    from pipelines.summary import format_summary
+    from pipelines.summary import format_run_summary
     from pipelines.training import training_pipeline
 
     stage_order(root)  # DVC reads dvc.yaml and dvc.lock: a broken one fails here, in one line
@@ -104,10 +73,10 @@ def _run(args: argparse.Namespace, root: Path) -> int:
     try:
         summary = training_pipeline(overrides=list(args.overrides))
     except PipelineLocked as exc:
-        return _fail(exc, 3)
+        return fail(exc, 3)
     except (StageFailed, TransientError) as exc:
-        return _fail(exc, 1)
-    print(format_summary(summary))
+        return fail(exc, 1)
+    print(format_run_summary(summary))
     return 0
 
 
@@ -117,25 +86,19 @@ def cli_evaluate(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
-    def evaluate() -> int:
-        metrics = evaluate_one(
-            _load_checked(args), args.model, data=args.data, protocol=args.protocol, backend=args.backend,
-            limit=args.limit, output=args.output,
-        )
-        print(json.dumps(metrics, indent=2, sort_keys=True))
-        return 0
-
-    return one_line_errors(evaluate)
+    metrics = evaluate_one(
+        _load_checked(args), args.model, data=args.data, protocol=args.protocol, backend=args.backend,
+        limit=args.limit, output=args.output,
+    )
+    print(json.dumps(metrics, indent=2, sort_keys=True))
+    return 0
 
 
 def _registry_command(args: argparse.Namespace, action: Callable[[Any], Any]) -> int:
     from components.promotion import print_decision
 
-    def move() -> int:
-        print_decision(action(_load_checked(args)))
-        return 0
-
-    return one_line_errors(move)
+    print_decision(action(_load_checked(args)))
+    return 0
 
 
 def cli_promote(args: argparse.Namespace) -> int:
@@ -158,13 +121,10 @@ def cli_stage(args: argparse.Namespace) -> int:
 
     from pipelines.stage import run_stage_here
 
-    def run() -> int:
-        result = run_stage_here(
-            args.name, args.commit, Path(args.params_file).read_text(),
-            Path(args.lock_file).read_text() if args.lock_file else "", args.remote, args.parent_run_id,
-            args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", ""), workdir=args.workdir, keep=args.keep,
-        )
-        print(json.dumps(result, indent=2, sort_keys=True))
-        return 0
-
-    return one_line_errors(run)
+    result = run_stage_here(
+        args.name, args.commit, Path(args.params_file).read_text(),
+        Path(args.lock_file).read_text() if args.lock_file else "", args.remote, args.parent_run_id,
+        args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", ""), workdir=args.workdir, keep=args.keep,
+    )
+    print(json.dumps(result, indent=2, sort_keys=True))
+    return 0

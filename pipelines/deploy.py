@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from components.errors import GrpoflowError
 from components.tracking import repo_root
 
 PREFECT_FILE = "infra/prefect.yaml"
@@ -87,19 +88,15 @@ def cli_deploy(args: argparse.Namespace) -> int:
     root = repo_root()
     prefect_file = root / PREFECT_FILE
     if not prefect_file.is_file():
-        print(f"error: {prefect_file} not found; run grpoflow deploy from the repository", file=sys.stderr)
-        return 2
+        raise GrpoflowError(f"{prefect_file} not found; run grpoflow deploy from the repository")
     api = _api_url()
     if not api:
-        print(
-            "error: PREFECT_API_URL is not set. Deployments need a Prefect server: start one with "
-            "`prefect server start` and `export PREFECT_API_URL=http://127.0.0.1:4200/api`",
-            file=sys.stderr,
+        raise GrpoflowError(
+            "PREFECT_API_URL is not set. Deployments need a Prefect server: start one with "
+            "`prefect server start` and `export PREFECT_API_URL=http://127.0.0.1:4200/api`"
         )
-        return 2
     if problem := check_server(api):
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        raise GrpoflowError(problem)
     for name in ensure_process_pools(process_pools(prefect_file)):
         print(f"created work pool {name} (type process); start its worker with: prefect worker start --pool {name}")
     names = ["--all"] if not args.name else [x for n in args.name for x in ("--name", n)]
@@ -116,14 +113,13 @@ def cli_schedule(args: argparse.Namespace) -> int:
 
     prefect_env_defaults()
     root = repo_root()
-    try:
-        load_params(root / "params.yaml" if (root / "params.yaml").exists() else None, args.overrides)
-        from prefect.client.schemas.schedules import CronSchedule
+    load_params(root / "params.yaml" if (root / "params.yaml").exists() else None, args.overrides)
+    from prefect.client.schemas.schedules import CronSchedule
 
+    try:
         CronSchedule(cron=args.cron)
-    except (ConfigError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except ValueError as exc:
+        raise ConfigError(f"--cron {args.cron!r}: {exc}") from None
     if not _api_url():
         print("note: no PREFECT_API_URL: the schedule lives on a temporary Prefect server for as long as "
               "this process runs", flush=True)

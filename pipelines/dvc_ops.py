@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from components.tracking import PARENT_ENV
-from pipelines.guard import GROUP_FILE_ENV
+from pipelines.group_watchdog import GROUP_FILE_ENV
 from pipelines.runtime import TELEMETRY_OFF
 
 STAGE_GROUP_FILE = ".dvc/tmp/grpoflow-stage.group"  # the process group of the running dvc command
@@ -85,6 +85,21 @@ def lock_entry(root: str | os.PathLike, stage: str) -> dict[str, Any] | None:
         return None
     data = yaml.safe_load(path.read_text()) or {}
     return (data.get("stages") or {}).get(stage.split(":")[-1])
+
+
+def stage_status(tail: str, before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+    """What `dvc repro --single-item STAGE` did, from its output and the stage's dvc.lock entry before
+    and after: `restored` (DVC's run cache had these exact outputs: checked out, not run), `skipped`
+    (nothing changed) or `ran`.
+
+    >>> stage_status("Stage 'sft' is cached - skipping run, checking out outputs", {"a": 1}, {"a": 2})
+    'restored'
+    >>> stage_status("Stage 'sft' didn't change, skipping", {"a": 1}, {"a": 1}), stage_status("", None, {"a": 1})
+    ('skipped', 'ran')
+    """
+    if "is cached - skipping run" in tail:
+        return "restored"
+    return "skipped" if after == before else "ran"
 
 
 def entry_md5(entry: dict[str, Any] | None) -> str:
@@ -171,9 +186,9 @@ def run_dvc(
     """Run `dvc ARGS`, streaming its output (progress bars included); returns (rc, output tail).
     With `log`, whole lines go there too (LineLog; a running progress bar every `log_every_s` s).
 
-    DVC runs under pipelines/guard.py: in a process group of its own that is stopped when this
+    DVC runs under pipelines/group_watchdog.py: in a process group of its own that is stopped when this
     process dies, however it dies, and recorded in STAGE_GROUP_FILE for the next run."""
-    cmd = [sys.executable, "-m", "pipelines.guard", sys.executable, "-m", "dvc", *args]
+    cmd = [sys.executable, "-m", "pipelines.group_watchdog", sys.executable, "-m", "dvc", *args]
     env = {**env, GROUP_FILE_ENV: str(Path(root) / STAGE_GROUP_FILE)}
     tail: collections.deque[str] = collections.deque(maxlen=60)
     try:

@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,11 @@ from prefect.cache_policies import NO_CACHE
 
 from components.config import add_params_args, load_params
 from components.endpoint import connect
-from components.errors import EvaluationError, GrpoflowError
+from components.entry import one_line_errors
+from components.errors import EvaluationError
 from components.evaluate import STAGE as EVALUATE
 from components.modelio import resolve_model
+from components.params import Params
 from components.reports import log_to_mlflow, write_reports
 from components.scoring import data_source, evaluate_model
 from components.sources import load_problems
@@ -56,7 +57,7 @@ def _slug(spec: str) -> str:
 
 
 def evaluate_one(
-    params: Any,
+    params: Params,
     model_spec: str,
     *,
     data: str | None = None,
@@ -110,7 +111,7 @@ def evaluate_one(
 
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate_task(
-    params: Any,
+    params: Params,
     model: str,
     data: str | None,
     protocol: str | None,
@@ -155,14 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=None)
     add_params_args(parser)
     args = parser.parse_args(argv)
-    try:
-        options = {key: getattr(args, key) for key in ("model", "data", "protocol", "backend", "limit", "output")}
+    options = {key: getattr(args, key) for key in ("model", "data", "protocol", "backend", "limit", "output")}
+
+    def evaluate() -> int:
         result = evaluation_pipeline(**options, params_file=args.params, overrides=args.overrides)
-    except GrpoflowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(result, indent=2, sort_keys=True))
-    return 0
+        print(json.dumps(result, indent=2, sort_keys=True))
+        return 0
+
+    return one_line_errors(evaluate)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -137,10 +136,10 @@ def run(
     }
 
 
-def format_summary(s: dict[str, Any]) -> str:
+def format_grades(s: dict[str, Any]) -> str:
     """One line for the terminal.
 
-    >>> format_summary({"mode": "flexible", "n": 4, "correct": 3, "accuracy": 0.75, "ci95": [0.3, 0.95],
+    >>> format_grades({"mode": "flexible", "n": 4, "correct": 3, "accuracy": 0.75, "ci95": [0.3, 0.95],
     ...                 "no_answer": 1, "output": "g.jsonl"})
     'accuracy 0.7500 (3/4), 95% CI [0.3000, 0.9500] (Wilson); mode flexible; 1 without an answer; wrote g.jsonl'
     """
@@ -153,10 +152,5 @@ def format_summary(s: dict[str, Any]) -> str:
 
 def cli_grade(args: argparse.Namespace) -> int:
     """Handler of `grpoflow grade` (args: input, output, mode)."""
-    try:
-        summary = run(args.input, args.output, args.mode)
-    except GradeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(format_summary(summary))
+    print(format_grades(run(args.input, args.output, args.mode)))
     return 0

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from components.files import md5_file, sha256_tree
+from components.params import Params
 from components.reports import read_metrics
 from components.tracking import (
     HOST_TAG,
@@ -39,13 +40,14 @@ from components.tracking import (
     configure,
     data_splits,
     flatten,
-    git_state,
     log_datasets,
     metric_key,
     package_versions,
     process_tags,
     resolve_tracking_uri,
 )
+from pipelines.gitrepo import git_state
+from pipelines.results import StageResult
 
 FLOW_NAME = "training-pipeline"
 # Run tags (all under TAG_PREFIX). On stage runs: the md5 of the stage's dvc.lock entry.
@@ -121,7 +123,7 @@ def close_stale_runs(client: Any, exp_id: str, by_run_id: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def parent_run(params: Any, root: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Iterator[PipelineRun]:
+def parent_run(params: Params, root: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Iterator[PipelineRun]:
     """The pipeline's MLflow parent run: opened with the static lineage, closed with the outcome."""
     import mlflow
     from mlflow.entities import Param
@@ -158,7 +160,7 @@ def parent_run(params: Any, root: str | Path, overrides: list[str] | tuple[str, 
         client.set_terminated(run_id, "FINISHED")
 
 
-def record(run: PipelineRun, stages: list[dict[str, Any]], params: Any = None) -> dict[str, str]:
+def record(run: PipelineRun, stages: list[StageResult], params: Params | None = None) -> dict[str, str]:
     """dvc.lock, data hashes (and the splits as datasets), per-stage status and the evaluation metrics
     onto the parent run; returns the lineage tags."""
     import mlflow
@@ -180,14 +182,13 @@ def record(run: PipelineRun, stages: list[dict[str, Any]], params: Any = None) -
     for path, digest in data_hashes.items():
         tags[f"{DATA_TAG}{path}"] = digest
     for s in stages:
-        name = s["stage"]
-        tags[f"{STAGES_TAG}{name}.status"] = s["status"]
-        tags[f"{STAGES_TAG}{name}.seconds"] = str(s["seconds"])
+        tags[f"{STAGES_TAG}{s.stage}.status"] = s.status
+        tags[f"{STAGES_TAG}{s.stage}.seconds"] = str(s.seconds)
         run_id = _stage_run_id(client, run.run_id, s)
         if run_id:
-            s["run_id"] = run_id
-            tags[f"{STAGES_TAG}{name}.run_id"] = run_id
-    client.log_dict(run.run_id, {"stages": stages}, "lineage/stages.json")
+            s.run_id = run_id
+            tags[f"{STAGES_TAG}{s.stage}.run_id"] = run_id
+    client.log_dict(run.run_id, {"stages": [s.as_dict() for s in stages]}, "lineage/stages.json")
     for key, value in tags.items():
         client.set_tag(run.run_id, key, value)
     if params is not None:
@@ -198,12 +199,12 @@ def record(run: PipelineRun, stages: list[dict[str, Any]], params: Any = None) -
     now = int(time.time() * 1000)
     evaluated = _headline_first(read_metrics(root / params.evaluate.output_dir), params) if params is not None else []
     metrics = [Metric(metric_key(model, key), value, now, 0) for model, key, value in evaluated]
-    metrics += [Metric(metric_key(STAGE_SECONDS, s["stage"]), float(s["seconds"]), now, 0) for s in stages]
+    metrics += [Metric(metric_key(STAGE_SECONDS, s.stage), float(s.seconds), now, 0) for s in stages]
     client.log_batch(run.run_id, metrics=metrics)
     return tags
 
 
-def _headline_first(evaluated: dict[str, dict[str, Any]], params: Any) -> list[tuple[str, str, float]]:
+def _headline_first(evaluated: dict[str, dict[str, Any]], params: Params) -> list[tuple[str, str, float]]:
     """(model, key, value) of the numeric evaluation metrics: the primary metric of every model first
     (the registered model's first), then the other accuracy, then the rest."""
     first = [params.evaluate.primary_metric, "accuracy_strict", "accuracy_flexible"]
@@ -221,12 +222,12 @@ def _latest_run(client, exp_ids: list[str], filter_string: str):
     return runs[0] if runs else None
 
 
-def _stage_run_id(client, parent_run_id: str, s: dict[str, Any]) -> str | None:
+def _stage_run_id(client, parent_run_id: str, s: StageResult) -> str | None:
     """The child run of a stage that ran (created here if the stage logged none), or the
     earlier run that produced a skipped stage's outputs (same dvc.lock entry md5)."""
-    stage, lock_md5 = s["stage"], s.get("lock_md5", "")
+    stage, lock_md5 = s.stage, s.lock_md5
     exp_ids = [client.get_run(parent_run_id).info.experiment_id]
-    if s["status"] == "ran":
+    if s.status == "ran":
         found = _latest_run(client, exp_ids, f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`{STAGE_TAG}` = '{stage}'")
         if found:
             run_id = found.info.run_id
@@ -240,17 +241,17 @@ def _stage_run_id(client, parent_run_id: str, s: dict[str, Any]) -> str | None:
     if not lock_md5:
         return None
     found = _latest_run(client, exp_ids, f"tags.`{STAGE_TAG}` = '{stage}' and tags.`{LOCK_MD5_TAG}` = '{lock_md5}'")
-    s["produced_by"] = found.info.run_id if found else "unknown (outputs not produced by a tracked pipeline run)"
+    s.produced_by = found.info.run_id if found else "unknown (outputs not produced by a tracked pipeline run)"
     return found.info.run_id if found else None
 
 
 @contextlib.contextmanager
-def failure_recorded(stage: str, stages: list[dict[str, Any]], run: PipelineRun) -> Iterator[None]:
+def failure_recorded(stage: str, stages: list[StageResult], run: PipelineRun) -> Iterator[None]:
     """On a stage failure, record the stages so far and the failed one on the parent run, then re-raise."""
     try:
         yield
     except Exception:
-        record(run, [*stages, {"stage": stage, "status": "failed", "seconds": 0.0}])
+        record(run, [*stages, StageResult(stage, "failed")])
         raise
 
 

@@ -14,26 +14,24 @@ registration work as in the local mode. Credentials come from each pool's enviro
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from components.errors import ConfigError
+from components.params import Params
 from pipelines import dvc_ops
 from pipelines.dvc_ops import StageFailed, default_remote, entry_md5, stage_env
+from pipelines.gitrepo import changed_files, head_commit
 from pipelines.lineage import PipelineRun
+from pipelines.results import StageResult
 
 
-def placements(params: Any) -> dict[str, str]:
+def placements(params: Params) -> dict[str, str]:
     """{stage: placement} of every stage placed on a work pool (the `local` ones left out)."""
     return {stage: kind for stage, kind in vars(params.placement).items() if kind != "local"}
 
 
-def git_commit(root: str | Path) -> str:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def check_placement(params: Any, root: str | Path, tracking_uri: str) -> None:
+def check_placement(params: Params, root: str | Path, tracking_uri: str) -> None:
     """Before anything runs: a stage placed on a pool needs a shared tracking server, a remote every
     pool can reach, and committed code (a pool runs the commit, not this working tree)."""
     placed = placements(params)
@@ -47,9 +45,7 @@ def check_placement(params: Any, root: str | Path, tracking_uri: str) -> None:
     if not name or not url:
         raise ConfigError(f"placement ({where}): outputs travel through the DVC remote; configure a default one "
                           "(`dvc remote add -d NAME s3://...`)")
-    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!params.yaml",
-                              ":!dvc.lock"], cwd=root, capture_output=True, text=True).stdout.split("\n")
-    changed = [line[3:] for line in changed if line.strip()]
+    changed = changed_files(root, "params.yaml", "dvc.lock")
     if changed:
         raise ConfigError(f"placement ({where}): work pools run the committed code, and these files differ from "
                           f"it: {', '.join(changed[:5])}; commit (or stash) them first")
@@ -85,14 +81,14 @@ def _result(run: PipelineRun, stage: str, commit: str) -> dict[str, Any]:
     return mlflow.artifacts.load_dict(f"runs:/{runs[0].info.run_id}/{RESULT_ARTIFACT}")
 
 
-def submit(stage: str, kind: str, run: PipelineRun) -> dict[str, Any]:
+def submit(stage: str, kind: str, run: PipelineRun) -> StageResult:
     """Run `stage` on the `kind` pool through its deployment; wait; merge its lock entry; pull its outputs."""
     from prefect.deployments import run_deployment
 
     from pipelines.stage import STAGE_FLOW
 
     root = Path(run.root)
-    commit = git_commit(root)
+    commit = head_commit(root)
     lock = root / "dvc.lock"
     parameters = {
         "stage": stage, "commit": commit, "params_yaml": (root / "params.yaml").read_text(),
@@ -111,5 +107,5 @@ def submit(stage: str, kind: str, run: PipelineRun) -> dict[str, Any]:
     rc, tail = dvc_ops.pull(root, stage_env(run.run_id, run.tracking_uri), [stage])
     if rc != 0:
         raise StageFailed(f"stage '{stage}': its outputs did not come back from the remote:\n{tail}")
-    return {"stage": stage, "status": result["status"], "seconds": result["seconds"],
-            "lock_md5": entry_md5(result["lock_entry"]), "placement": kind, "workdir": result["workdir"]}
+    return StageResult(stage, result["status"], result["seconds"], entry_md5(result["lock_entry"]), placement=kind,
+                       workdir=result["workdir"])

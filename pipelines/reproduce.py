@@ -32,11 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from components.config import load_params
-from components.errors import GrpoflowError, RegistryError
+from components.errors import ConfigError, RegistryError
 from components.files import json_bytes, repo_root, write_files
-from components.reports import is_timing, read_metrics
-from components.tracking import TAG_PREFIX, configure, package_versions
+from components.params import Params
+from components.reports import read_metrics
+from components.tracking import TAG_PREFIX, configure, is_timing, package_versions
 from pipelines.dvc_ops import default_remote, stage_env
+from pipelines.gitrepo import has_commit, working_copy
 
 METRIC_TAG = "metric."
 VERSION_TAG = f"{TAG_PREFIX}version."
@@ -135,24 +137,16 @@ def caveats(version_tags: dict[str, str], run_tags: dict[str, str]) -> list[str]
     return out
 
 
-def _git(args: list[str], cwd: Path) -> str:
-    proc = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RegistryError(f"git {' '.join(args)} in {cwd}: {proc.stderr.strip()[:400]}")
-    return proc.stdout
-
-
-def working_copy(root: Path, commit: str, workdir: Path) -> None:
-    """A clean clone of `root` at `commit` in `workdir` (which must be missing or empty)."""
-    if subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root, capture_output=True).returncode:
+def _working_copy(root: Path, commit: str, workdir: Path) -> None:
+    """A clean clone of `root` at the version's commit in `workdir` (which must be missing or empty)."""
+    if not has_commit(root, commit):
         raise RegistryError(
             f"commit {commit} (lineage.git_commit) is not in the repository at {root}; fetch it first "
             "(e.g. `git fetch origin`) or run grpoflow reproduce from a clone that has it"
         )
     if workdir.exists() and any(workdir.iterdir()):
         raise RegistryError(f"--workdir {workdir} is not empty; give a new folder")
-    _git(["clone", "--quiet", "--no-checkout", str(root), str(workdir)], root)
-    _git(["-c", "advice.detachedHead=false", "checkout", "--quiet", commit], workdir)
+    working_copy(root, commit, workdir)
 
 
 def link_vllm_venv(root: Path, workdir: Path, vllm_python: str) -> None:
@@ -186,7 +180,7 @@ def local_remote(root: Path, workdir: Path) -> str:
     return f"'{name}' at {url}"
 
 
-def reproduce(params: Any, name: str, version: str, workdir: str | None, from_cache: bool, tolerance: float) -> int:
+def reproduce(params: Params, name: str, version: str, workdir: str | None, from_cache: bool, tolerance: float) -> int:
     import mlflow
 
     root = repo_root()
@@ -210,7 +204,7 @@ def reproduce(params: Any, name: str, version: str, workdir: str | None, from_ca
         print(f"  - {note}")
 
     dest = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix=f"grpoflow-reproduce-{name}-v{version}-"))
-    working_copy(root, commit, dest)
+    _working_copy(root, commit, dest)
     restored = {}
     with tempfile.TemporaryDirectory() as tmp:
         for artifact in ("lineage/params.yaml", "lineage/dvc.lock"):
@@ -275,12 +269,7 @@ def reproduce(params: Any, name: str, version: str, workdir: str | None, from_ca
 def cli_reproduce(args: argparse.Namespace) -> int:
     """`grpoflow reproduce NAME VERSION [--workdir DIR] [--from-cache] [--tolerance X]`."""
     if args.tolerance < 0:
-        print("error: --tolerance must be >= 0", file=sys.stderr)
-        return 2
+        raise ConfigError("--tolerance must be >= 0")
     os.environ.setdefault("DO_NOT_TRACK", "true")
-    try:
-        params = load_params(args.params, args.overrides)
-        return reproduce(params, args.name, args.version, args.workdir, args.from_cache, args.tolerance)
-    except GrpoflowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    params = load_params(args.params, args.overrides)
+    return reproduce(params, args.name, args.version, args.workdir, args.from_cache, args.tolerance)

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from components.config import load_params
-from components.errors import BackendError, EvaluationError, GrpoflowError
+from components.errors import BackendError, EvaluationError
 from components.gsm8k import build_messages
 from components.modelio import registered_version, resolve_model
+from components.params import Params
 from components.vllm_backend import server_command
 
 DEFAULT_MODEL = "models:/grpoflow-policy@champion"
@@ -123,7 +124,7 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the server the way Ctrl-C does
 
 
-def serve(params: Any, spec: str, host: str, port: int) -> int:
+def serve(params: Params, spec: str, host: str, port: int) -> int:
     """Resolve `spec`, start the server, print how to call it, wait until stopped."""
     if spec.startswith(("http://", "https://")):
         raise EvaluationError(f"{spec} is already an endpoint; give a model: models:/NAME@ALIAS, a folder or a hub id")
@@ -160,9 +161,4 @@ def serve(params: Any, spec: str, host: str, port: int) -> int:
 
 def cli_serve(args: argparse.Namespace) -> int:
     """`grpoflow serve [MODEL] [--port N] [--host H]`."""
-    try:
-        params = load_params(args.params, args.overrides)
-        return serve(params, args.model, args.host, args.port)
-    except GrpoflowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return serve(load_params(args.params, args.overrides), args.model, args.host, args.port)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -30,41 +29,23 @@ from components.errors import GrpoflowError
 from components.files import repo_root, write_text
 from components.tracking import STAGE_TAG, TAG_PREFIX
 from pipelines import dvc_ops
-from pipelines.dvc_ops import StageFailed, entry_md5, lock_entry, run_dvc, stage_env, upstream_stages
+from pipelines.dvc_ops import (
+    StageFailed,
+    entry_md5,
+    lock_entry,
+    run_dvc,
+    stage_env,
+    stage_status,
+    upstream_stages,
+)
+from pipelines.gitrepo import working_copy
 
 STAGE_FLOW = "grpoflow-stage"
 RESULT_ARTIFACT = "stage_result.json"
-IMAGE_COMMIT_ENV = "GRPOFLOW_GIT_COMMIT"  # set in the images by infra/Dockerfile
-_CODE = ("components", "pipelines", "dvc.yaml", ".dvcignore", ".dvc/config", ".dvc/config.local", "pyproject.toml")
 
 
 class StageSetupError(GrpoflowError):
-    """The working copy for a stage could not be made (unknown commit, image of another commit, no remote)."""
-
-
-def working_copy(source: Path, commit: str, workdir: Path) -> None:
-    """The code at `commit` in `workdir`: a git clone of `source`, or a copy of an image's code."""
-    if (source / ".git").exists():
-        subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(source), str(workdir)], check=True)
-        done = subprocess.run(["git", "-C", str(workdir), "checkout", "--quiet", "--detach", commit],
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise StageSetupError(f"commit {commit} is not in {source}: {done.stderr.strip()[:300]}")
-        return
-    image_commit = os.environ.get(IMAGE_COMMIT_ENV, "unknown")
-    if not (image_commit.startswith(commit) or commit.startswith(image_commit)) or image_commit == "unknown":
-        raise StageSetupError(
-            f"this image holds the code of commit {image_commit}, the pipeline runs {commit}: "
-            "build and push the image of that commit (infra/build.sh) and redeploy"
-        )
-    workdir.mkdir(parents=True, exist_ok=True)
-    for rel in _CODE:
-        src = source / rel
-        if src.is_dir():
-            shutil.copytree(src, workdir / rel, ignore=shutil.ignore_patterns("__pycache__"))
-        elif src.is_file():
-            (workdir / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(src, workdir / rel)
+    """The working copy for a stage could not be set up (its DVC remote)."""
 
 
 def _stage_run_id(parent_run_id: str, stage: str, since_ms: int, status: str) -> str:
@@ -123,7 +104,7 @@ def run_stage_here(
         rc, tail = run_dvc(["repro", "--single-item", stage, "--pull"], work, env)
         if rc != 0:
             raise StageFailed(f"stage '{stage}' failed in {work} (dvc exit {rc}):\n{tail}")
-        status = "restored" if "is cached - skipping run" in tail else "skipped" if lock_entry(work, stage) == before else "ran"
+        status = stage_status(tail, before, lock_entry(work, stage))
         rc, tail = dvc_ops.push(work, env, [stage])
         if rc != 0:
             raise StageFailed(f"stage '{stage}': dvc push failed:\n{tail}")

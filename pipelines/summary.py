@@ -1,8 +1,8 @@
-"""What a pipeline run reports at its end: a summary dict (the flow's return value), its terminal
-rendering, and the same story in MLflow and Prefect.
+"""What a pipeline run reports at its end: the run summary (pipelines/results.py RunSummary, the
+flow's return value), its terminal rendering, and the same story in MLflow and Prefect.
 
-    summarize(run, params, stages, pulled, pushed, registration, decision)   the dict
-    format_summary(summary)        the table printed by `grpoflow run`
+    run_summary(run, params, stages, pulled, pushed, registration, decision)   the RunSummary
+    format_run_summary(summary)        the table printed by `grpoflow run`
     summary_markdown(summary)      the same as markdown: the parent run's description in MLflow
                                    (tag mlflow.note.content) and the flow run's artifact in Prefect
     publish_mlflow(run, summary, params)  name (`rerun` added when no stage ran), description and
@@ -15,9 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from components.params import Params
 from components.reports import ACCURACY_CSV, read_comparison, read_metrics
 from components.tracking import ui_address
 from pipelines.lineage import PipelineRun, run_name
+from pipelines.results import RunSummary, StageResult
 
 SUMMARY_KEYS = ("accuracy_strict", "accuracy_flexible", "format_rate", "sampled_accuracy_strict", "pass_at_k_strict",
                 "maj_at_k_strict", "n")
@@ -42,35 +44,35 @@ def backend_line(metrics: dict[str, dict[str, Any]]) -> str | None:
     return ", ".join(names) or None
 
 
-def summarize(
+def run_summary(
     run: PipelineRun,
-    params: Any,
-    stages: list[dict[str, Any]],
+    params: Params,
+    stages: list[StageResult],
     pulled: str,
     pushed: str,
     registration: dict[str, Any] | None,
     decision: dict[str, Any] | None,
     overrides: list[str] | tuple[str, ...] = (),
-) -> dict[str, Any]:
+) -> RunSummary:
     import mlflow
 
     exp_id = mlflow.MlflowClient().get_run(run.run_id).info.experiment_id
     eval_dir = Path(run.root) / params.evaluate.output_dir
-    nothing_ran = all(s["status"] == "skipped" for s in stages)
-    return {
-        "name": run_name(run.root, overrides, nothing_ran),
-        "run_id": run.run_id,
-        "experiment_id": exp_id,
-        "tracking_uri": run.tracking_uri,
-        "pull": pulled,
-        "push": pushed,
-        "stages": stages,
-        "metrics": dict(sorted(read_metrics(eval_dir).items(), key=lambda kv: _model_rank(kv[0]))),
-        "comparison": read_comparison(eval_dir) or {},
-        "registration": registration,
-        "decision": decision,
-        "reports": reports(params),
-    }
+    nothing_ran = all(s.status == "skipped" for s in stages)
+    return RunSummary(
+        name=run_name(run.root, overrides, nothing_ran),
+        run_id=run.run_id,
+        experiment_id=exp_id,
+        tracking_uri=run.tracking_uri,
+        pull=pulled,
+        push=pushed,
+        stages=stages,
+        metrics=dict(sorted(read_metrics(eval_dir).items(), key=lambda kv: _model_rank(kv[0]))),
+        comparison=read_comparison(eval_dir) or {},
+        registration=registration,
+        decision=decision,
+        reports=reports(params),
+    )
 
 
 def _temperature(metrics: dict[str, dict[str, Any]]) -> Any:
@@ -83,7 +85,7 @@ def _model_rank(model: str) -> tuple[int, str]:
     return (order.index(model) if model in order else len(order), model)
 
 
-def reports(params: Any) -> dict[str, list[str]]:
+def reports(params: Params) -> dict[str, list[str]]:
     """Where a run's reports are: {folder: [files]} (DVC metrics and plot data, git-tracked)."""
     ev = params.evaluate.output_dir
     models = ["base", "sft", "grpo"] if params.evaluate.include_base else ["sft", "grpo"]
@@ -96,53 +98,53 @@ def reports(params: Any) -> dict[str, list[str]]:
     return out
 
 
-def _model_line(s: dict[str, Any]) -> str:
-    reg = s.get("registration")
+def _model_line(s: RunSummary) -> str:
+    reg = s.registration
     if reg and "skipped" not in reg:
         what = "registered (alias challenger)" if reg["created"] else "already registered (dvc.lock unchanged), no new version"
         return f"{reg['name']} v{reg['version']} {what}"
     return f"not registered ({(reg or {}).get('skipped', 'register.enabled is false')})"
 
 
-def _page(s: dict[str, Any]) -> str:
-    return f"{ui_address(s['tracking_uri'])}/#/experiments/{s['experiment_id']}/runs/{s['run_id']}"
+def _page(s: RunSummary) -> str:
+    return f"{ui_address(s.tracking_uri)}/#/experiments/{s.experiment_id}/runs/{s.run_id}"
 
 
-def links(s: dict[str, Any]) -> dict[str, str]:
+def links(s: RunSummary) -> dict[str, str]:
     """The MLflow UI pages of the run and of the registered version (if any)."""
     out = {"mlflow-run": _page(s)}
-    reg = s.get("registration")
+    reg = s.registration
     if reg and "skipped" not in reg:
-        out["model-version"] = f"{ui_address(s['tracking_uri'])}/#/models/{reg['name']}/versions/{reg['version']}"
+        out["model-version"] = f"{ui_address(s.tracking_uri)}/#/models/{reg['name']}/versions/{reg['version']}"
     return out
 
 
-def format_summary(s: dict[str, Any]) -> str:
-    lines = ["", f"grpoflow run summary: {s.get('name', '')}"]
-    lines.append(f"  dvc pull: {s['pull']}")
-    for st in s["stages"]:
-        extra = f" (outputs from run {st['produced_by']})" if st.get("produced_by") else ""
-        lines.append(f"  {st['stage']:<10} {st['status']:<8} {st['seconds']:>7.1f} s{extra}")
-    lines.append(f"  dvc push: {s['push']}")
-    if backend := backend_line(s["metrics"]):
-        samples = {m.get("num_samples") for m in s["metrics"].values()} - {None}
-        extra = f"; {max(samples)} samples per problem at T={_temperature(s['metrics'])}" if any(samples) else ""
+def format_run_summary(s: RunSummary) -> str:
+    lines = ["", f"grpoflow run summary: {s.name}"]
+    lines.append(f"  dvc pull: {s.pull}")
+    for st in s.stages:
+        extra = f" (outputs from run {st.produced_by})" if st.produced_by else ""
+        lines.append(f"  {st.stage:<10} {st.status:<8} {st.seconds:>7.1f} s{extra}")
+    lines.append(f"  dvc push: {s.push}")
+    if backend := backend_line(s.metrics):
+        samples = {m.get("num_samples") for m in s.metrics.values()} - {None}
+        extra = f"; {max(samples)} samples per problem at T={_temperature(s.metrics)}" if any(samples) else ""
         lines.append(f"  evaluation backend: {backend}{extra}")
-    for model, m in s["metrics"].items():
+    for model, m in s.metrics.items():
         keys = [k for k in SUMMARY_KEYS if k in m]
         if keys:
             lines.append(f"  eval {model:<6} " + "  ".join(f"{k}={m[k]:.4g}" for k in keys))
     lines.append(f"  model: {_model_line(s)}")
-    dec = s.get("decision")
+    dec = s.decision
     if dec:
         lines.append(f"  promotion: {dec['decision']} — {dec['reason']}")
-    for folder, files in s.get("reports", {}).items():
+    for folder, files in s.reports.items():
         lines.append(f"  reports: {folder}/ ({', '.join(files)})")
     lines.append("  compare: `dvc metrics diff`, `dvc plots show` (dvc_plots/index.html), `dvc exp show`")
-    lines.append(f"  mlflow: {s['tracking_uri']} run {s['run_id']}")
-    ui = ui_address(s["tracking_uri"])
+    lines.append(f"  mlflow: {s.tracking_uri} run {s.run_id}")
+    ui = ui_address(s.tracking_uri)
     page = _page(s)
-    lines.append(f"  ui: {page}" if ui.rstrip("/") == s["tracking_uri"].rstrip("/") else f"  ui: `grpoflow ui`, then {page}")
+    lines.append(f"  ui: {page}" if ui.rstrip("/") == s.tracking_uri.rstrip("/") else f"  ui: `grpoflow ui`, then {page}")
     return "\n".join(lines)
 
 
@@ -151,46 +153,46 @@ def _ci(m: dict[str, Any], key: str) -> str:
     return f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
 
 
-def summary_markdown(s: dict[str, Any]) -> str:
+def summary_markdown(s: RunSummary) -> str:
     """The run as markdown: accuracy per model with intervals, the paired comparisons, the registered
     version and the promotion decision, then the stages and where the reports are."""
-    out = [f"### grpoflow run `{s.get('name', s['run_id'])}`"]
-    if s["metrics"]:
+    out = [f"### grpoflow run `{s.name or s.run_id}`"]
+    if s.metrics:
         out += ["", "| model | accuracy strict | 95% CI | accuracy flexible | 95% CI | format rate | n |",
                 "|---|---:|---|---:|---|---:|---:|"]
-        for model, m in s["metrics"].items():
+        for model, m in s.metrics.items():
             def num(key: str, m=m) -> str:
                 return f"{m[key]:.3f}" if isinstance(m.get(key), (int, float)) else ""
 
             out.append(f"| {model} | {num('accuracy_strict')} | {_ci(m, 'accuracy_strict')} | "
                        f"{num('accuracy_flexible')} | {_ci(m, 'accuracy_flexible')} | {num('format_rate')} | {m.get('n', '')} |")
-    for pair, c in (s.get("comparison") or {}).items():
+    for pair, c in (s.comparison or {}).items():
         ci = c.get("ci95") or [float("nan"), float("nan")]
         out += ["", f"**{pair.replace('_vs_', ' vs ')}** ({c.get('metric', '')}, same items): delta {c['delta']:+.3f} "
                     f"(95% CI {ci[0]:+.3f} to {ci[1]:+.3f}), exact McNemar p = {c['p_value']:.3g}"]
     out += ["", f"**Model:** {_model_line(s)}"]
-    dec = s.get("decision")
+    dec = s.decision
     if dec:
         out.append(f"**Promotion:** {dec['decision']} — {dec['reason']}")
     out += ["", "| stage | status | seconds | note |", "|---|---|---:|---|"]
-    for st in s["stages"]:
-        note = f"outputs from run {st['produced_by']}" if st.get("produced_by") else ""
-        out.append(f"| {st['stage']} | {st['status']} | {st['seconds']:.1f} | {note} |")
-    out += ["", f"dvc pull: {s['pull']}; dvc push: {s['push']}"]
-    for folder, files in s.get("reports", {}).items():
+    for st in s.stages:
+        note = f"outputs from run {st.produced_by}" if st.produced_by else ""
+        out.append(f"| {st.stage} | {st.status} | {st.seconds:.1f} | {note} |")
+    out += ["", f"dvc pull: {s.pull}; dvc push: {s.push}"]
+    for folder, files in s.reports.items():
         out.append(f"Reports: `{folder}/` ({', '.join(files)})")
     out.append("Compare with other runs: `dvc metrics diff`, `dvc plots show`, `dvc exp show`.")
     return "\n".join(out) + "\n"
 
 
-def publish_mlflow(run: PipelineRun, s: dict[str, Any], params: Any) -> list[str]:
+def publish_mlflow(run: PipelineRun, s: RunSummary, params: Params) -> list[str]:
     """Name, description and figures of the parent run; returns the figures' artifact paths."""
     import mlflow
 
     from pipelines.figures import log_figures
 
     client = mlflow.MlflowClient()
-    client.update_run(s["run_id"], name=s["name"])
-    client.set_tag(s["run_id"], DESCRIPTION_TAG, summary_markdown(s))
+    client.update_run(s.run_id, name=s.name)
+    client.set_tag(s.run_id, DESCRIPTION_TAG, summary_markdown(s))
     history = Path(run.root) / params.grpo.history_file
-    return log_figures(client, s["run_id"], s["metrics"], history, list(params.rewards.funcs))
+    return log_figures(client, s.run_id, s.metrics, history, list(params.rewards.funcs))

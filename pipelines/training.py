@@ -10,7 +10,7 @@ stays the only cache: a stage whose inputs did not change is skipped by DVC, and
 reports `ran`, `restored` (from DVC's run cache) or `skipped` by comparing the stage's
 `dvc.lock` entry before and after. Stage tasks retry transient failures (DVC's lock held by
 another process, a failed spawn) but never a stage command that failed. No Prefect caching
-anywhere: dvc.lock is the one cache of stage work (DESIGN.md).
+anywhere: dvc.lock is the one cache of stage work.
 
 The run is named `<short commit> <overrides>` (`rerun` added when no stage ran) in Prefect and
 MLflow alike; the stages' output reaches the flow run's log in the Prefect UI line by line; at the
@@ -23,6 +23,7 @@ lineage.py, the per-checkout lock in runlock.py, the summary in summary.py, figu
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,9 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from components.config import check_remote_overrides, load_params, params_in, write_overrides
+from components.overrides import check_remote_overrides, write_overrides
+from components.params import Params
+from components.params_load import load_params, params_in
 from components.tracking import repo_root
 from pipelines import dvc_ops, lineage
 from pipelines.dvc_ops import (
@@ -44,12 +47,14 @@ from pipelines.dvc_ops import (
     run_dvc,
     stage_env,
     stage_order,
+    stage_status,
 )
 from pipelines.lineage import FLOW_NAME, PipelineRun, failure_recorded, flow_run_name, parent_run
 from pipelines.placement import submit
+from pipelines.results import RunSummary, StageResult
 from pipelines.runlock import pipeline_lock
 from pipelines.runtime import prefect_api_log
-from pipelines.summary import links, publish_mlflow, summarize, summary_markdown
+from pipelines.summary import links, publish_mlflow, run_summary, summary_markdown
 
 __all__ = ["training_pipeline", "StageFailed", "TransientError"]
 
@@ -63,9 +68,9 @@ def _env(run: PipelineRun) -> dict[str, str]:
 
 
 @task(name="params", cache_policy=NO_CACHE)
-def apply_params(root: str, overrides: list[str]) -> Any:
+def apply_params(root: str, overrides: list[str]) -> Params:
     """Write the `-S` overrides into params.yaml (as `dvc exp run -S` does), then load it. A run
-    started through a deployment (remotely) may only set the keys of config.REMOTE_OVERRIDES."""
+    started through a deployment (remotely) may only set the keys of overrides.REMOTE_OVERRIDES."""
     from prefect.runtime import deployment
 
     if deployment.id:
@@ -98,7 +103,7 @@ def dvc_pull(run: PipelineRun) -> str:
 
 
 @task(retries=2, retry_delay_seconds=10, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
-def run_stage(stage: str, run: PipelineRun, placement: str = "local") -> dict[str, Any]:
+def run_stage(stage: str, run: PipelineRun, placement: str = "local") -> StageResult:
     """`dvc repro --single-item STAGE` (with `--pull` when there is a remote: a run the run cache
     knows is restored from it); ran, restored or skipped is read off DVC's output and dvc.lock.
     A stage placed on a work pool runs there instead (pipelines/placement.py)."""
@@ -115,13 +120,7 @@ def run_stage(stage: str, run: PipelineRun, placement: str = "local") -> dict[st
             raise TransientError(f"stage '{stage}': {last_line(tail, rc)}")
         raise StageFailed(f"stage '{stage}' failed (dvc exit {rc}):\n{tail}")
     after = lock_entry(run.root, stage)
-    if "is cached - skipping run" in tail:
-        status = "restored"  # DVC's run cache had these exact outputs: checked out, not run
-    elif after == before:
-        status = "skipped"
-    else:
-        status = "ran"
-    return {"stage": stage, "status": status, "seconds": seconds, "lock_md5": entry_md5(after)}
+    return StageResult(stage, stage_status(tail, before, after), seconds, entry_md5(after))
 
 
 @task(name="dvc-push", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
@@ -139,13 +138,13 @@ def dvc_push(run: PipelineRun) -> str:
 
 
 @task(name="lineage", cache_policy=NO_CACHE)
-def record_lineage(run: PipelineRun, stages: list[dict[str, Any]], params: Any) -> dict[str, str]:
+def record_lineage(run: PipelineRun, stages: list[StageResult], params: Params) -> dict[str, str]:
     """dvc.lock, data hashes, per-stage status and the evaluation metrics onto the parent run."""
     return lineage.record(run, stages, params)
 
 
 @task(name="register", cache_policy=NO_CACHE)
-def register_model(params: Any, lineage_tags: dict[str, str], pushed: str, run: PipelineRun) -> dict[str, Any]:
+def register_model(params: Params, lineage_tags: dict[str, str], pushed: str, run: PipelineRun) -> dict[str, Any]:
     """A new model version (once per dvc.lock), aliased challenger; not when registration is off or
     `dvc push` failed (a version whose outputs are not in the remote could not be restored)."""
     if not params.register.enabled:
@@ -159,7 +158,7 @@ def register_model(params: Any, lineage_tags: dict[str, str], pushed: str, run: 
 
 
 @task(name="promote", cache_policy=NO_CACHE)
-def promote_model(params: Any, registration: dict[str, Any], run: PipelineRun) -> dict[str, Any] | None:
+def promote_model(params: Params, registration: dict[str, Any], run: PipelineRun) -> dict[str, Any] | None:
     """The promotion gate: champion moves to the new version only if it is significantly better."""
     if "skipped" in registration:
         return None
@@ -172,12 +171,15 @@ def promote_model(params: Any, registration: dict[str, Any], run: PipelineRun) -
 
 
 @task(name="summary", cache_policy=NO_CACHE)
-def summary(run: PipelineRun, params: Any, stages, pulled, pushed, registration, decision, overrides) -> dict[str, Any]:
-    return summarize(run, params, stages, pulled, pushed, registration, decision, overrides)
+def summarize_run(
+    run: PipelineRun, params: Params, stages: list[StageResult], pulled: str, pushed: str,
+    registration: dict[str, Any], decision: dict[str, Any] | None, overrides: list[str],
+) -> RunSummary:
+    return run_summary(run, params, stages, pulled, pushed, registration, decision, overrides)
 
 
 @task(name="publish", cache_policy=NO_CACHE)
-def publish(run: PipelineRun, params: Any, s: dict[str, Any]) -> dict[str, Any]:
+def publish(run: PipelineRun, params: Params, s: RunSummary) -> RunSummary:
     """The summary where users look: the MLflow run's name, description and figures; the Prefect flow
     run's name, a markdown artifact and links to the MLflow run and the registered version."""
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
@@ -185,17 +187,17 @@ def publish(run: PipelineRun, params: Any, s: dict[str, Any]) -> dict[str, Any]:
     from prefect.runtime import flow_run
 
     figures = publish_mlflow(run, s, params)
-    create_markdown_artifact(summary_markdown(s), key="training-summary", description=f"grpoflow run {s['name']}")
+    create_markdown_artifact(summary_markdown(s), key="training-summary", description=f"grpoflow run {s.name}")
     for key, url in links(s).items():
         create_link_artifact(url, link_text=f"{key.replace('-', ' ')}: {url}", key=key)
-    if flow_run.id and flow_run.name != s["name"]:
+    if flow_run.id and flow_run.name != s.name:
         with get_client(sync_client=True) as client:
-            client.set_flow_run_name(flow_run.id, s["name"])
-    return {**s, "figures": figures}
+            client.set_flow_run_name(flow_run.id, s.name)
+    return dataclasses.replace(s, figures=figures)
 
 
 @flow(name=FLOW_NAME, log_prints=True, flow_run_name=flow_run_name)
-def training_pipeline(overrides: list[str] | None = None) -> dict[str, Any]:
+def training_pipeline(overrides: list[str] | None = None) -> RunSummary:
     """dvc pull → every dvc.yaml stage in graph order → dvc push → lineage → register → promote,
     on the checkout this process runs in (a worker's is fixed: no parameter moves it)."""
     root = str(repo_root())
@@ -203,7 +205,7 @@ def training_pipeline(overrides: list[str] | None = None) -> dict[str, Any]:
         params = apply_params(root, list(overrides or []))
         with parent_run(params, root, overrides or []) as run:
             pulled = dvc_pull(run)
-            stages: list[dict[str, Any]] = []
+            stages: list[StageResult] = []
             for stage in stages_of(root):
                 with failure_recorded(stage, stages, run):
                     stages.append(run_stage.with_options(name=stage, task_run_name=stage)(
@@ -212,5 +214,5 @@ def training_pipeline(overrides: list[str] | None = None) -> dict[str, Any]:
             lineage_tags = record_lineage(run, stages, params)
             registration = register_model(params, lineage_tags, pushed, run)
             decision = promote_model(params, registration, run)
-            result = summary(run, params, stages, pulled, pushed, registration, decision, overrides or [])
+            result = summarize_run(run, params, stages, pulled, pushed, registration, decision, overrides or [])
             return publish(run, params, result)

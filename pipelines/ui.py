@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 
-from components.config import ConfigError, load_params
+from components.config import load_params
 from components.tracking import resolve_artifact_location, resolve_tracking_uri
 
 
@@ -28,11 +28,7 @@ def server_command(uri: str, artifact_root: str | None, host: str, port: int) ->
 
 
 def cli_ui(args: argparse.Namespace) -> int:
-    try:
-        params = load_params(args.params, args.overrides)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    params = load_params(args.params, args.overrides)
     uri = resolve_tracking_uri(params)
     if uri.startswith(("http://", "https://")):
         print(f"tracking URI {uri} is an MLflow server already: open it in a browser")

@@ -21,8 +21,46 @@ def test_repo_params_load_and_match_dataclass_defaults():
     for name, cls in SECTIONS.items():
         section = getattr(params, name)
         assert isinstance(section, cls)
-        # params.yaml is the one place defaults live: every dataclass field is spelled out there.
+        # params.yaml spells out every field of the schema (components/params.py).
         assert set(raw[name]) == {f.name for f in dataclasses.fields(cls)}, name
+
+
+def test_config_command_explains_every_key_as_yaml():
+    """`python -m components.config` prints the effective params as YAML (what the slow tests and a
+    user's script parse), each key preceded by its help text as a comment."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "components.config", "-S", "grpo.beta=0.0", "-S", "sft.trainer.max_steps=7"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout
+    expected = load_params(None, ["grpo.beta=0.0", "sft.trainer.max_steps=7"])
+    assert yaml.safe_load(out) == expected.to_dict()
+    explained, section, comment = {}, None, []
+    for line in out.splitlines():
+        if re.match(r"^\w+:$", line):
+            section = line[:-1]
+        elif line.startswith("  # "):
+            comment.append(line[4:])
+        elif m := re.match(r"^  (\w+):", line):
+            explained[f"{section}.{m.group(1)}"], comment = " ".join(comment), []
+    assert explained == {
+        f"{name}.{f.name}": " ".join(f.metadata["help"].split()) for name, cls in SECTIONS.items()
+        for f in dataclasses.fields(cls)
+    }
+
+
+def test_fingerprint_leaves_out_the_keys_marked_so():
+    """Keys marked fingerprint=False (paths, resume, sample_size, the GRPO monitor) do not change the
+    resume fingerprint of a training stage; a training key does."""
+    from components import grpo, sft
+
+    base = load_params(None)
+    assert sft.fingerprint_settings(load_params(None, ["sft.sample_size=3", "sft.resume=false"])) == sft.fingerprint_settings(base)
+    assert grpo.fingerprint_settings(load_params(None, ["grpo.signal_window=7"])) == grpo.fingerprint_settings(base)
+    assert sft.fingerprint_settings(load_params(None, ["sft.trainer.learning_rate=0.1"])) != sft.fingerprint_settings(base)
+    assert grpo.fingerprint_settings(load_params(None, ["grpo.beta=0.0"])) != grpo.fingerprint_settings(base)
 
 
 def test_every_params_key_has_a_comment_and_help():
@@ -75,7 +113,7 @@ def test_missing_params_file_is_an_error(tmp_path):
 
 
 def test_int_accepted_for_float_but_bool_rejected_for_int():
-    from components.config import _coerce
+    from components.params_rules import coerce as _coerce
 
     assert _coerce("k", 1, float) == 1.0
     with pytest.raises(ConfigError):

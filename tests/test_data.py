@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from components.config import DataConfig
+from components.config import DataParams
 from components.data import DataError, run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,14 +42,14 @@ def read_jsonl(path: Path):
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-def cfg(tmp_path: Path, **kw) -> DataConfig:
+def cfg(tmp_path: Path, **kw) -> DataParams:
     base = dict(
         train_source=f"jsonl:{write_jsonl(tmp_path / 'train.jsonl', GSM8K_ROWS)}",
         test_source=f"jsonl:{write_jsonl(tmp_path / 'test.jsonl', TEST_ROWS)}",
         output_dir=str(tmp_path / "out"),
     )
     base.update(kw)
-    return DataConfig(**base)
+    return DataParams(**base)
 
 
 def test_jsonl_source_converts_gsm8k_rows(tmp_path):
@@ -70,13 +70,13 @@ def test_jsonl_source_converts_gsm8k_rows(tmp_path):
 
 
 def test_synthetic_is_seeded_disjoint_and_in_gsm8k_format(tmp_path):
-    c = DataConfig(synthetic_train_size=300, synthetic_test_size=100, output_dir=str(tmp_path / "a"))
+    c = DataParams(synthetic_train_size=300, synthetic_test_size=100, output_dir=str(tmp_path / "a"))
     run(c)
     first = (tmp_path / "a" / "train.jsonl").read_bytes()
-    c2 = DataConfig(synthetic_train_size=300, synthetic_test_size=100, output_dir=str(tmp_path / "b"))
+    c2 = DataParams(synthetic_train_size=300, synthetic_test_size=100, output_dir=str(tmp_path / "b"))
     run(c2)
     assert (tmp_path / "b" / "train.jsonl").read_bytes() == first
-    c3 = DataConfig(synthetic_train_size=300, synthetic_test_size=100, seed=99, output_dir=str(tmp_path / "c"))
+    c3 = DataParams(synthetic_train_size=300, synthetic_test_size=100, seed=99, output_dir=str(tmp_path / "c"))
     run(c3)
     assert (tmp_path / "c" / "train.jsonl").read_bytes() != first
     train = read_jsonl(tmp_path / "a" / "train.jsonl")
@@ -165,14 +165,14 @@ def test_hf_source_from_a_local_dataset(tmp_path):
     write_jsonl(tmp_path / "files" / "test.jsonl", TEST_ROWS)
     for src in (f"hf:{tmp_path / 'saved'}", f"hf:{tmp_path / 'files'}"):
         out = tmp_path / ("out-" + Path(src).name)
-        stats = run(DataConfig(train_source=src, test_source=src, output_dir=str(out)))
+        stats = run(DataParams(train_source=src, test_source=src, output_dir=str(out)))
         assert stats["counts"] == {"train": 3, "test": 1}
         assert [r["gold"] for r in read_jsonl(out / "train.jsonl")] == ["72", "12000", "2.5"]
 
 
 def test_hf_hub_unreachable_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match=r"hf:openai/gsm8k:main: could not load split 'test'"):
-        run(DataConfig(train_source="synthetic", test_source="hf:openai/gsm8k:main", output_dir=str(tmp_path / "o")))
+        run(DataParams(train_source="synthetic", test_source="hf:openai/gsm8k:main", output_dir=str(tmp_path / "o")))
 
 
 def test_cli_reports_file_line_and_exit_code(tmp_path):
@@ -232,7 +232,7 @@ def test_dvc_repro_skip_push_pull_round_trip(tmp_path):
 def test_synthetic_difficulty_params_bound_both_splits(tmp_path):
     import re
 
-    c = DataConfig(
+    c = DataParams(
         synthetic_train_size=200,
         synthetic_test_size=50,
         synthetic_max_steps=1,

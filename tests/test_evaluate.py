@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from components import evaluate, lm_eval_gsm8k, scoring
-from components.config import DataConfig, ModelConfig, load_params
+from components.config import DataParams, ModelParams, load_params
 from components.errors import BackendError, DataError
 from components.sources import load_problems
 from pipelines import cli
@@ -36,10 +36,10 @@ def workspace(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("evalrepo")
     data.run(
-        DataConfig(output_dir=str(root / "data/processed"), synthetic_train_size=60, synthetic_test_size=12)
+        DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=60, synthetic_test_size=12)
     )
     for name, seed in (("base", 0), ("sft", 1), ("grpo", 2)):
-        model, tok = model_stage.build_tiny(ModelConfig(seed=seed, **TINY), root / "data/processed/train.jsonl")
+        model, tok = model_stage.build_tiny(ModelParams(seed=seed, **TINY), root / "data/processed/train.jsonl")
         save_model(model, tok, root / "models" / name)
     return root
 
@@ -87,7 +87,7 @@ def test_score_and_summarize_hand_made_items():
     assert [i["correct_flexible"] for i in items] == [True, False, True, True]
     assert [i["format_ok"] for i in items] == [True, True, False, False]
     assert [i["extracted"] for i in items] == ["7", "13", None, None]
-    m = scoring.summarize(items)
+    m = scoring.item_metrics(items)
     assert m["n"] == 4
     assert m["accuracy_strict"] == 0.25 and m["accuracy_flexible"] == 0.75 and m["format_rate"] == 0.5
     assert m["mean_completion_tokens"] == 25.0

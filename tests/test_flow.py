@@ -136,7 +136,7 @@ def test_transient_dvc_lock_contention_is_retried(toy, monkeypatch):
     threading.Thread(target=lambda: (out.contention.wait(300), lock.close()), daemon=True).start()
     task = run_stage.with_options(retries=3, retry_delay_seconds=1)
     result = task("prepare", PipelineRun(str(toy), "", os.environ["MLFLOW_TRACKING_URI"]))
-    assert out.contention.is_set() and result["status"] == "ran"
+    assert out.contention.is_set() and result.status == "ran"
     assert out.getvalue().count("Running stage 'prepare'") == 1  # the command itself ran once
 
 
@@ -145,13 +145,13 @@ def test_training_flow_end_to_end(toy):
 
     # Run 1: everything runs, v1 is registered and becomes champion.
     s1 = training_pipeline()
-    assert [(s["stage"], s["status"]) for s in s1["stages"]] == [("prepare", "ran"), ("grpo", "ran"), ("evaluate", "ran")]
-    assert s1["registration"]["created"] and s1["registration"]["version"] == "1"
-    assert s1["decision"]["decision"] == "promoted"
-    assert s1["push"].startswith("pushed") and any((toy.parent / "dvc-remote").iterdir())
+    assert [(s.stage, s.status) for s in s1.stages] == [("prepare", "ran"), ("grpo", "ran"), ("evaluate", "ran")]
+    assert s1.registration["created"] and s1.registration["version"] == "1"
+    assert s1.decision["decision"] == "promoted"
+    assert s1.push.startswith("pushed") and any((toy.parent / "dvc-remote").iterdir())
 
     client = mlflow.MlflowClient()
-    parent = client.get_run(s1["run_id"])
+    parent = client.get_run(s1.run_id)
     lock_md5 = hashlib.md5((toy / "dvc.lock").read_bytes()).hexdigest()
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=toy, capture_output=True, text=True).stdout.strip()
     tags = parent.data.tags
@@ -163,11 +163,11 @@ def test_training_flow_end_to_end(toy):
     assert tags["grpoflow.data_sha256.data/processed/items.jsonl"] == hashlib.sha256(
         (toy / "data/processed/items.jsonl").read_bytes()).hexdigest()
     assert parent.data.params["register.alpha"] == "0.05"
-    artifacts = {a.path for a in client.list_artifacts(s1["run_id"], "lineage")}
+    artifacts = {a.path for a in client.list_artifacts(s1.run_id, "lineage")}
     assert {"lineage/dvc.lock", "lineage/params.yaml", "lineage/stages.json", "lineage/data_sha256.json"} <= artifacts
     children = {
         r.data.tags["grpoflow.stage"]: r
-        for r in client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{s1['run_id']}'")
+        for r in client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{s1.run_id}'")
     }
     assert set(children) == {"prepare", "grpo", "evaluate"}  # prepare's made by the flow
     assert children["grpo"].data.params["toy.skill"] == "30"
@@ -176,23 +176,23 @@ def test_training_flow_end_to_end(toy):
     mv = client.get_model_version("grpoflow-policy", "1")
     assert mv.tags["lineage.git_commit"] == head and mv.tags["lineage.dvc_lock_md5"] == lock_md5
     assert mv.tags["lineage.prefect_flow_run_id"] == tags["grpoflow.prefect.flow_run_id"]
-    assert mv.tags["lineage.pipeline_run_id"] == s1["run_id"]
+    assert mv.tags["lineage.pipeline_run_id"] == s1.run_id
 
     # Run 2, nothing changed: all skipped, each pointing at the run that made its outputs; no version.
     s2 = training_pipeline()
-    assert [s["status"] for s in s2["stages"]] == ["skipped"] * 3
-    assert {s["stage"]: s["produced_by"] for s in s2["stages"]} == {
+    assert [s.status for s in s2.stages] == ["skipped"] * 3
+    assert {s.stage: s.produced_by for s in s2.stages} == {
         k: v.info.run_id for k, v in children.items()
     }
-    assert not s2["registration"]["created"]
+    assert not s2.registration["created"]
     assert len(client.search_model_versions("name = 'grpoflow-policy'")) == 1
-    assert client.get_run(s2["run_id"]).data.tags["grpoflow.stages.grpo.status"] == "skipped"
+    assert client.get_run(s2.run_id).data.tags["grpoflow.stages.grpo.status"] == "skipped"
 
     # Run 3, grpo changed but no better: prepare skipped, grpo + evaluate ran; v2 not promoted.
     write_toy_params(toy, skill=31)
     s3 = training_pipeline()
-    assert [s["status"] for s in s3["stages"]] == ["skipped", "ran", "ran"]
-    assert s3["registration"]["version"] == "2" and s3["decision"]["decision"] == "rejected"
+    assert [s.status for s in s3.stages] == ["skipped", "ran", "ran"]
+    assert s3.registration["version"] == "2" and s3.decision["decision"] == "rejected"
     assert "champion v1 kept" in client.get_model_version("grpoflow-policy", "2").tags["promotion.reason"]
     assert str(client.get_model_version_by_alias("grpoflow-policy", "champion").version) == "1"
 
@@ -253,29 +253,31 @@ def test_no_registration_when_dvc_push_failed(toy):
         shutil.rmtree(remote)
     remote.write_text("not a folder: every push fails\n")
     s = training_pipeline()
-    assert s["push"].startswith("failed")
-    assert "dvc push failed" in s["registration"]["skipped"] and s["decision"] is None
+    assert s.push.startswith("failed")
+    assert "dvc push failed" in s.registration["skipped"] and s.decision is None
     assert mlflow.MlflowClient().search_model_versions("name = 'grpoflow-policy'") == []
-    from pipelines.summary import format_summary
+    from pipelines.summary import format_run_summary
 
-    assert "model: not registered (dvc push failed" in format_summary(s)
+    assert "model: not registered (dvc push failed" in format_run_summary(s)
 
 
 def test_summary_names_the_evaluation_backend():
-    from pipelines.summary import format_summary
+    from pipelines.results import RunSummary
+    from pipelines.summary import format_run_summary
 
     metrics = {
         name: {"backend": "vllm", "vllm_version": "0.32.0", "num_samples": 8, "sample_temperature": 0.8,
                "accuracy_strict": acc, "maj_at_k_strict": 0.2, "n": 600}
         for name, acc in (("sft", 0.05), ("grpo", 0.12))
     }
-    summary = {"pull": "skipped", "push": "skipped", "stages": [], "metrics": metrics, "registration": None,
-               "decision": None, "tracking_uri": "sqlite:///mlflow.db", "run_id": "r", "experiment_id": "1"}
-    text = format_summary(summary)
+    summary = RunSummary(name="", run_id="r", experiment_id="1", tracking_uri="sqlite:///mlflow.db", pull="skipped",
+                         push="skipped", stages=[], metrics=metrics, comparison={}, registration=None, decision=None,
+                         reports={})
+    text = format_run_summary(summary)
     assert "evaluation backend: vllm 0.32.0; 8 samples per problem at T=0.8" in text
     assert "eval grpo   accuracy_strict=0.12" in text and "maj_at_k_strict=0.2" in text
     metrics["grpo"]["backend"] = metrics["sft"]["backend"] = "transformers"
-    assert "evaluation backend: transformers;" in format_summary(summary)
+    assert "evaluation backend: transformers;" in format_run_summary(summary)
 
 
 def _killed_stage_run(toy) -> str:
@@ -343,38 +345,38 @@ def test_the_run_tells_its_story_in_mlflow_and_prefect(toy):
 
     s1 = training_pipeline(overrides=["register.alpha=0.05"])
     head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=toy, capture_output=True, text=True).stdout.strip()
-    assert s1["name"] == f"{head} register.alpha=0.05"
+    assert s1.name == f"{head} register.alpha=0.05"
 
     # The killed run is closed at the next start, with the reason; another host's run is left alone.
     stale = client.get_run(killed)
     assert stale.info.status == "KILLED"
     assert stale.data.tags["grpoflow.killed"].startswith(f"process {stale.data.tags['grpoflow.pid']} on ")
-    assert s1["run_id"] in stale.data.tags["grpoflow.killed"]
+    assert s1.run_id in stale.data.tags["grpoflow.killed"]
     assert client.get_run(elsewhere.info.run_id).info.status == "RUNNING"
 
-    parent = client.get_run(s1["run_id"])
-    assert parent.info.run_name == s1["name"] and parent.data.tags["grpoflow.pid"] == str(os.getpid())
+    parent = client.get_run(s1.run_id)
+    assert parent.info.run_name == s1.name and parent.data.tags["grpoflow.pid"] == str(os.getpid())
     description = parent.data.tags["mlflow.note.content"]
-    assert f"### grpoflow run `{s1['name']}`" in description
+    assert f"### grpoflow run `{s1.name}`" in description
     assert "| grpo | 0.300 |" in description and "| evaluate | ran |" in description
     assert "**Model:** grpoflow-policy v1 registered" in description and "**Promotion:** promoted" in description
     assert list(parent.data.metrics)[0] == "grpo/accuracy_strict"  # what MLflow's compare view starts on
-    grpo_seconds = next(st["seconds"] for st in s1["stages"] if st["stage"] == "grpo")
+    grpo_seconds = next(st.seconds for st in s1.stages if st.stage == "grpo")
     assert parent.data.metrics["stage_seconds/grpo"] == grpo_seconds > 0  # the stage's own wall time
     datasets = {d.dataset.name: d for d in parent.inputs.dataset_inputs}
     assert set(datasets) == {"train", "test"}
     train_sha = hashlib.sha256((toy / "data/processed/train.jsonl").read_bytes()).hexdigest()
     assert datasets["train"].dataset.digest == train_sha[:36]
     assert {t.key: t.value for t in datasets["train"].tags} == {"mlflow.data.context": "training", "grpoflow.sha256": train_sha}
-    assert "figures/accuracy.png" in {a.path for a in client.list_artifacts(s1["run_id"], "figures")}
-    grpo_run = client.get_run(s1["stages"][1]["run_id"])
+    assert "figures/accuracy.png" in {a.path for a in client.list_artifacts(s1.run_id, "figures")}
+    grpo_run = client.get_run(s1.stages[1].run_id)
     assert grpo_run.data.tags["grpoflow.host"] == parent.data.tags["grpoflow.host"]
     assert grpo_run.data.tags["grpoflow.pid"] != str(os.getpid())  # the stage's own process
 
     name, artifacts, logs = _prefect_story(parent.data.tags["grpoflow.prefect.flow_run_id"])
-    assert name == s1["name"]
+    assert name == s1.name
     assert artifacts["training-summary"].type == "markdown" and artifacts["training-summary"].data == description
-    assert re.search(rf"\]\(http://127\.0\.0\.1:5000/#/experiments/{exp_id}/runs/{s1['run_id']}\)", artifacts["mlflow-run"].data)
+    assert re.search(rf"\]\(http://127\.0\.0\.1:5000/#/experiments/{exp_id}/runs/{s1.run_id}\)", artifacts["mlflow-run"].data)
     assert "/#/models/grpoflow-policy/versions/1)" in artifacts["model-version"].data  # Prefect keeps links as markdown
     assert "Running stage 'grpo':" in logs and "> python toy.py grpo" in logs
     assert "toy training 5/5" in logs  # a progress bar reaches the log once, in its final state
@@ -382,7 +384,7 @@ def test_the_run_tells_its_story_in_mlflow_and_prefect(toy):
 
     # Nothing changed: every stage skipped, and the name says so.
     s2 = training_pipeline()
-    assert s2["name"] == f"{head} rerun"
-    assert client.get_run(s2["run_id"]).info.run_name == s2["name"]
-    flow_run_id = client.get_run(s2["run_id"]).data.tags["grpoflow.prefect.flow_run_id"]
-    assert _prefect_story(flow_run_id)[0] == s2["name"]
+    assert s2.name == f"{head} rerun"
+    assert client.get_run(s2.run_id).info.run_name == s2.name
+    flow_run_id = client.get_run(s2.run_id).data.tags["grpoflow.prefect.flow_run_id"]
+    assert _prefect_story(flow_run_id)[0] == s2.name

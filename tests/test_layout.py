@@ -1,6 +1,7 @@
-"""The code's layout, as DESIGN.md and docs/files.md describe it: no import cycle, nothing imports the CLI,
-shared pieces never import a stage, small modules, and dvc.yaml deps that list every project
-module a stage runs (a change to any of them must re-run the stage)."""
+"""The code's layout, as docs/files.md describes it: no import cycle, nothing imports the CLI,
+shared pieces never import a stage, small modules, dvc.yaml deps equal to the project modules a
+stage imports (a change to any of them must re-run the stage, and nothing else does), and the
+table of which stages a change to a module re-runs (RERUNS)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ PACKAGES = ("components", "pipelines")
 STAGES = list(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"])
 MAX_LINES = 400
 FLOW_MAX_LINES = 250
-FIELD_TABLES = {"components/config.py"}  # typed params: one dataclass field per key
+FIELD_TABLES = {"components/params.py"}  # the params schema: one dataclass field per key
 
 
 def modules() -> dict[str, Path]:
@@ -97,7 +98,7 @@ def test_shared_pieces_never_import_a_stage():
 
 
 def test_every_stage_has_a_module_named_after_it_and_its_params_section():
-    from components.config import SECTIONS
+    from components.params import SECTIONS
 
     for stage in STAGES:
         assert (REPO / "components" / f"{stage}.py").is_file(), stage
@@ -123,6 +124,75 @@ def test_dvc_deps_list_every_module_the_stage_imports(stage):
     assert sorted(needed - deps) == []
     declared_code = {d for d in deps if d.endswith(".py")}
     assert sorted(declared_code - needed) == []  # no stale entries either
+
+
+# Which stages a change to a module re-runs (DVC marks a stage changed when one of its deps does);
+# a change that alters a stage's outputs re-runs the stages after it in turn, through their inputs.
+RERUNS = {
+    "components/rewards.py": {"grpo"},
+    "components/signal_monitor.py": {"grpo"},
+    "components/grpo.py": {"grpo"},
+    "components/sft.py": {"sft"},
+    "components/finetune.py": {"sft", "grpo"},
+    "components/train_samples.py": {"sft", "grpo"},
+    "components/evaluate.py": {"evaluate"},
+    "components/scoring.py": {"evaluate"},
+    "components/generation.py": {"evaluate"},
+    "components/vllm_backend.py": {"evaluate"},
+    "components/vllm_worker.py": {"evaluate"},
+    "components/endpoint.py": {"evaluate"},
+    "components/lm_eval_gsm8k.py": {"evaluate"},
+    "components/reports.py": {"evaluate"},
+    "components/stats.py": {"evaluate"},
+    "components/synthetic.py": {"data"},
+    "components/data.py": {"data"},
+    "components/model.py": {"model"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(RERUNS))
+def test_a_module_change_reruns_only_the_stages_it_can_affect(module):
+    """A comment added to `module` makes `dvc status` list exactly these stages (a reward tweak does
+    not re-run data, model or SFT; evaluation code does not re-run training)."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    listed = {name for name, entry in stages.items() if module in entry["deps"]}
+    assert listed == RERUNS[module]
+
+
+# The params code by concern: the schema (field declarations), value and cross-field rules, loading,
+# path safety, the stage entry point, the flow-only `-S` writer and remote allow-list, the CLI.
+PARAMS_SCHEMA = "components.params"
+PARAMS_MODULES = ("components.params_rules", "components.params_load", "components.path_safety",
+                  "components.entry", "components.overrides", "components.config")
+FLOW_ONLY = ("components.overrides", "components.config")
+
+
+def test_params_schema_holds_field_declarations_only():
+    """Classes with fields and nothing else (Params.to_dict aside); module-level functions are the
+    private field helpers (`_f`, `_lora`, ...) that return a field."""
+    tree = ast.parse(MODULES[PARAMS_SCHEMA].read_text())
+    methods = [
+        f"{c.name}.{f.name}" for c in tree.body if isinstance(c, ast.ClassDef)
+        for f in c.body if isinstance(f, ast.FunctionDef)
+    ]
+    assert methods == ["Params.to_dict"]
+    helpers = [f for f in tree.body if isinstance(f, ast.FunctionDef)]
+    assert all(f.name.startswith("_") for f in helpers), [f.name for f in helpers]
+    for f in helpers:  # each returns a field: `return field(...)` or `return _f(...)`
+        returns = [n for n in ast.walk(f) if isinstance(n, ast.Return)]
+        assert returns and all(isinstance(r.value, ast.Call) and getattr(r.value.func, "id", "") in ("field", "_f")
+                               for r in returns), f.name
+
+
+def test_params_modules_are_under_250_lines():
+    sizes = {m: len(MODULES[m].read_text().splitlines()) for m in PARAMS_MODULES}
+    assert {m: n for m, n in sizes.items() if n >= 250} == {}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_flow_only_params_code_is_no_stage_dep(stage):
+    """Neither the `-S` writer nor the remote allow-list (nor the CLI facade) re-runs a stage."""
+    assert sorted(closure(f"components.{stage}") & set(FLOW_ONLY)) == []
 
 
 @pytest.mark.parametrize("stage", STAGES)

@@ -15,11 +15,11 @@ import pytest
 
 from components import finetune, gsm8k, modelio
 from components import model as model_stage
-from components.config import ConfigError, ModelConfig, load_params
+from components.config import ConfigError, ModelParams, load_params
 from components.errors import InputError
-from components.generation import greedy
 from components.sft import build_demos, untagged_target, wrong_answer
 from components.sources import read_split
+from components.train_samples import greedy
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(
@@ -44,7 +44,7 @@ def train_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(train_file):
-    return model_stage.build_tiny(ModelConfig(**SMALL), train_file)
+    return model_stage.build_tiny(ModelParams(**SMALL), train_file)
 
 
 # --------------------------------------------------------------------------- tiny model
@@ -66,10 +66,10 @@ def test_tokenizer_splits_digits_and_has_chat_template(tiny):
 
 
 def test_tiny_model_is_identical_for_the_same_seed(train_file, tmp_path):
-    cfg = ModelConfig(**SMALL)
+    cfg = ModelParams(**SMALL)
     a = model_stage.run(cfg, train_file, tmp_path / "a")
     b = model_stage.run(cfg, train_file, tmp_path / "b")
-    c = model_stage.run(ModelConfig(**{**SMALL, "seed": 1}), train_file, tmp_path / "c")
+    c = model_stage.run(ModelParams(**{**SMALL, "seed": 1}), train_file, tmp_path / "c")
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
@@ -82,7 +82,7 @@ def test_save_load_round_trip(tiny, tmp_path):
     model, tok = tiny
     out = modelio.save_model(model, tok, tmp_path / "m", {"note.json": {"x": 1}})
     assert modelio.is_model_dir(out) and json.loads((out / "note.json").read_text()) == {"x": 1}
-    loaded, ltok = modelio.load_model_and_tokenizer(out, ModelConfig())
+    loaded, ltok = modelio.load_model_and_tokenizer(out, ModelParams())
     ids = tok(gsm8k.render_prompt("Ann has 3 pens.", tok), return_tensors="pt")["input_ids"]
     with torch.no_grad():
         assert torch.equal(model(ids).logits, loaded(ids).logits)
@@ -111,10 +111,10 @@ def test_untagged_and_wrong_demonstrations():
 
 @pytest.mark.parametrize("untagged,wrong", [(0.0, 0.0), (0.5, 0.0), (0.3, 0.4), (1.0, 1.0)])
 def test_demo_noise_rates(train_file, untagged, wrong):
-    from components.config import SFTConfig
+    from components.params import SFTParams
 
     rows = read_split(train_file) * 10
-    cfg = SFTConfig(demo_untagged_rate=untagged, demo_wrong_rate=wrong)
+    cfg = SFTParams(demo_untagged_rate=untagged, demo_wrong_rate=wrong)
     ds, counts = build_demos(rows, None, cfg)
     n = len(rows)
     assert counts["demos"] == n == len(ds)

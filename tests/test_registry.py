@@ -241,7 +241,7 @@ def test_gate_reevaluates_a_champion_evaluated_on_other_items(repo, monkeypatch)
     import mlflow
 
     from components import data
-    from components.config import DataConfig
+    from components.config import DataParams
     from components.modelio import resolve_model
     from components.reports import write_reports
     from components.scoring import data_source, evaluate_model
@@ -251,7 +251,7 @@ def test_gate_reevaluates_a_champion_evaluated_on_other_items(repo, monkeypatch)
     small = ["evaluate.backend=transformers", "evaluate.max_new_tokens=8", "register.min_items=5"]
 
     def evaluate_and_register(seed: int, md5: str):
-        data.run(DataConfig(synthetic_train_size=20, synthetic_test_size=12, seed=seed))
+        data.run(DataParams(synthetic_train_size=20, synthetic_test_size=12, seed=seed))
         params = load_params(None, [*small, f"data.seed={seed}"])
         problems = load_problems(data_source(params))
         result = evaluate_model(resolve_model("models/grpo"), problems, params, protocol="grpoflow",

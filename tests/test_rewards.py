@@ -22,6 +22,7 @@ from components.rewards import (
     REWARD_FUNCS,
     accuracy_reward,
     build_rewards,
+    check_reward_names,
     format_reward,
     get_reward_funcs,
     seed_combined_reward,
@@ -161,10 +162,6 @@ def test_params_choose_rewards_with_weights():
     [
         (["rewards.funcs=[format, accuracy]"], r"rewards.weights: 1 weights for 2 funcs"),
         (["rewards.weights=[1.0, 2.0]"], r"rewards.weights: 2 weights for 1 funcs"),
-        (
-            ["rewards.funcs=[format, nope]", "rewards.weights=[1, 1]"],
-            r"rewards.funcs\[1\]: unknown reward 'nope'",
-        ),
         (["rewards.funcs=[]", "rewards.weights=[]"], r"rewards.funcs: give at least one"),
         (["rewards.weights=[.nan]"], r"rewards.weights\[0\]: expected a finite number"),
         (["rewards.weights=[x]"], r"rewards.weights\[0\]: expected a number"),
@@ -173,6 +170,19 @@ def test_params_choose_rewards_with_weights():
 def test_bad_reward_params_fail_with_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_params(None, overrides)
+
+
+def test_unknown_reward_name_fails_before_grpo_loads_anything():
+    """Reward names are checked where rewards are used (the grpo stage, and `grpoflow run` through
+    grpo.trainer_settings), not by the params schema that every stage loads."""
+    from components import grpo
+
+    params = load_params(None, ["rewards.funcs=[format, nope]", "rewards.weights=[1, 1]"])
+    with pytest.raises(ConfigError, match=r"rewards.funcs\[1\]: unknown reward 'nope'; known rewards: format"):
+        check_reward_names(params.rewards)
+    with pytest.raises(ConfigError, match=r"rewards.funcs\[1\]: unknown reward 'nope'"):
+        grpo.trainer_settings(params)
+    check_reward_names(load_params(None, ["rewards.funcs=[format, mypkg.mod:reward]", "rewards.weights=[1, 1]"]).rewards)
 
 
 # --------------------------------------------------------------------------- robustness
@@ -264,7 +274,7 @@ def test_adversarial_strings_get_valid_scores(name):
 
 
 def test_rewards_module_does_no_work_at_import():
-    # Importing rewards must not import math-verify or sympy (config imports it for validation).
+    # Importing rewards must not import math-verify or sympy (`grpoflow run` imports it to check names).
     import subprocess
 
     code = "import sys, components.rewards, components.config; print('sympy' in sys.modules, 'math_verify' in sys.modules)"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from components.config import DataConfig, ModelConfig
+from components.config import DataParams, ModelParams
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +28,8 @@ def test_evaluation_flow_evaluates_a_model_and_logs_a_run(tmp_path, monkeypatch)
     from components.modelio import save_model
     from pipelines.evaluation import evaluation_pipeline
 
-    data.run(DataConfig(output_dir=str(tmp_path / "data"), synthetic_train_size=40, synthetic_test_size=6))
-    cfg = ModelConfig(
+    data.run(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=40, synthetic_test_size=6))
+    cfg = ModelParams(
         seed=5, tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=128
     )
     model, tok = model_stage.build_tiny(cfg, tmp_path / "data/train.jsonl")

@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from components.config import DataConfig, ModelConfig
+from components.config import DataParams, ModelParams
 from components.generation import resolve_vllm_python, vllm_importable
 from pipelines import cli
 
@@ -35,9 +35,9 @@ def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys, monkeypat
     from components.modelio import save_model
 
     monkeypatch.chdir(tmp_path)  # the checkout: stage paths must lie inside it
-    data.run(DataConfig(output_dir=str(tmp_path / "data"), synthetic_train_size=60, synthetic_test_size=24))
+    data.run(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=60, synthetic_test_size=24))
     # head_dim 32: vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, ...
-    cfg = ModelConfig(
+    cfg = ModelParams(
         seed=3, tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=2, tiny_intermediate_size=128
     )
     model, tok = model_stage.build_tiny(cfg, tmp_path / "data/train.jsonl")

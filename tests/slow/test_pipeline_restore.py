@@ -54,7 +54,7 @@ def test_kill_9_during_sft_leaves_nothing_running_and_the_next_run_resumes(basel
     os.kill(run.pid, signal.SIGKILL)
     run.wait()
 
-    # Nothing outlives the killed run: DVC, the stage (the guard's process group) and Prefect's server.
+    # Nothing outlives the killed run: DVC, the stage (the group watchdog's process group) and Prefect's server.
     wait_for(lambda: not stage_processes(repo) and not prefect_servers(copy.root / "prefect"), 60,
              "end of the killed run's processes")
 

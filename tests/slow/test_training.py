@@ -95,7 +95,7 @@ def stage(workdir: Path, module: str, *overrides: str, check: bool = True) -> su
 
 def make_workdir(path: Path) -> Path:
     """A folder with params.yaml (tiny settings), data/processed and models/base."""
-    from components.config import DataConfig
+    from components.config import DataParams
     from components.data import run as prepare
 
     (path / "params.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
@@ -103,7 +103,7 @@ def make_workdir(path: Path) -> Path:
     cwd = os.getcwd()
     os.chdir(path)
     try:
-        prepare(DataConfig(synthetic_train_size=48, synthetic_test_size=8, seed=3))
+        prepare(DataParams(synthetic_train_size=48, synthetic_test_size=8, seed=3))
         params = load_params("params.yaml")
         model_stage.run(params.model, Path("data/processed/train.jsonl"))
     finally:

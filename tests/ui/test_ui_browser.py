@@ -69,14 +69,14 @@ def test_compare_view_and_champion_alias_in_a_browser(tmp_path, ui, monkeypatch)
     first = training_pipeline()
     write_toy_params(toy, skill=60)  # a clearly better policy: the gate promotes it
     second = training_pipeline()
-    assert second["decision"]["decision"] == "promoted", second["decision"]
+    assert second.decision["decision"] == "promoted", second.decision
     client = mlflow.MlflowClient()
     assert str(client.get_model_version_by_alias("grpoflow-policy", "champion").version) == "2"
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    runs = [first["run_id"], second["run_id"]]
+    runs = [first.run_id, second.run_id]
     query = urllib.parse.urlencode(
-        {"runs": json.dumps(runs), "experiments": json.dumps([second["experiment_id"]])}, quote_via=urllib.parse.quote
+        {"runs": json.dumps(runs), "experiments": json.dumps([second.experiment_id])}, quote_via=urllib.parse.quote
     )
     dom = render(f"{ui}/#/compare-runs?{query}", ARTIFACTS / "compare-runs.png")
     assert "Comparing 2 Runs" in dom

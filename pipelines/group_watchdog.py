@@ -1,16 +1,16 @@
 """Run a command in a process group of its own that dies with the process that started it.
 
-    python -m pipelines.guard COMMAND [ARGS...]
+    python -m pipelines.group_watchdog COMMAND [ARGS...]
 
-The flow runs every `dvc` command through this guard. A flow killed with SIGKILL gets no chance
+The flow runs every `dvc` command through this watchdog. A flow killed with SIGKILL gets no chance
 to stop its children, and a `dvc repro` left running would hold DVC's lock and keep writing the
-stage's checkpoints under the next run. The guard does it for the flow: Linux signals the guard
-when its parent dies (PR_SET_PDEATHSIG), and the guard then stops the command's whole process
+stage's checkpoints under the next run. The watchdog does it for the flow: Linux signals it
+when its parent dies (PR_SET_PDEATHSIG), and the watchdog then stops the command's whole process
 group (DVC and the stage command DVC started): SIGTERM, then SIGKILL after a grace period. The
-same happens when the guard itself gets SIGTERM, SIGINT or SIGHUP (Ctrl-C in the terminal).
+same happens when the watchdog itself gets SIGTERM, SIGINT or SIGHUP (Ctrl-C in the terminal).
 
-With GRPOFLOW_STAGE_GROUP_FILE set, the guard records the group there while the command runs, so
-that a later run can find and stop a group whose guard was killed too (`stop_orphans`).
+With GRPOFLOW_STAGE_GROUP_FILE set, the watchdog records the group there while the command runs, so
+that a later run can find and stop a group whose watchdog was killed too (`stop_orphans`).
 Only the standard library is used. Exit code: the command's (128 + signal when stopped).
 """
 
@@ -105,7 +105,7 @@ def stop_orphans(group_file: str | os.PathLike, cwd: str | os.PathLike) -> list[
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        print("usage: python -m pipelines.guard COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: python -m pipelines.group_watchdog COMMAND [ARGS...]", file=sys.stderr)
         return 2
     parent = os.getppid()
     die_with_parent(signal.SIGTERM)

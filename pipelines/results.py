@@ -1,0 +1,48 @@
+"""What crosses the training flow's task boundaries, typed: a stage task's result and the run summary.
+
+    StageResult   one stage: ran | restored | skipped | failed, seconds, its dvc.lock entry's md5, and
+                  (added by lineage.record) its MLflow run or the earlier run that produced its outputs
+    RunSummary    the run: what `grpoflow run` prints (summary.format_run_summary), the MLflow description
+                  and the Prefect artifacts show; the `training-pipeline` flow's return value
+
+Registration and promotion decisions cross as the dicts of components/promotion.py `as_dict`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class StageResult:
+    stage: str
+    status: str  # ran | restored (from DVC's run cache) | skipped | failed
+    seconds: float = 0.0
+    lock_md5: str = ""  # md5 of the stage's dvc.lock entry after it ran
+    placement: str = "local"  # or the work-pool kind it was submitted to
+    workdir: str | None = None  # the clean working copy it ran in, when placed on a pool
+    run_id: str | None = None  # the stage's MLflow run (lineage.record)
+    produced_by: str | None = None  # a skipped stage: the run that produced its outputs
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields that are set, for JSON (lineage/stages.json)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclass
+class RunSummary:
+    name: str  # `<short commit> <overrides>`, `rerun` added when no stage ran
+    run_id: str  # the MLflow parent run
+    experiment_id: str
+    tracking_uri: str
+    pull: str  # what `dvc pull` did
+    push: str  # what `dvc push` did
+    stages: list[StageResult]
+    metrics: dict[str, dict[str, Any]]  # {model: evaluation metrics}
+    comparison: dict[str, Any]  # comparison.json: {pair: paired difference}
+    registration: dict[str, Any] | None
+    decision: dict[str, Any] | None
+    reports: dict[str, list[str]]  # {folder: [files]}
+    figures: list[str] = field(default_factory=list)  # artifact paths on the parent run
