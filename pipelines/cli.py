@@ -24,7 +24,8 @@ PARAMS_HELP = "override one param, as in `dvc exp run -S` (repeatable), e.g. -S 
 SERVE_DESCRIPTION = (
     "Resolve and download MODEL, then serve it with vLLM's OpenAI-compatible server under NAME/VERSION, with its "
     "own chat template and the evaluate section's engine settings (on CPU in the evaluate.vllm_python venv). "
-    "Prints a ready-to-paste curl and openai request; Ctrl-C stops it."
+    "Prints a ready-to-paste curl and openai request; Ctrl-C stops it. A --host other than loopback needs an API "
+    "key (--api-key or VLLM_API_KEY)."
 )
 REPRODUCE_DESCRIPTION = (
     "Check out the version's git commit into a clean working copy, restore the params.yaml and dvc.lock its "
@@ -122,7 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="models:/NAME@ALIAS, models:/NAME/VERSION, a model folder or a hub id "
                    "(default: models:/grpoflow-policy@champion)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="bind address (default 127.0.0.1); any other than loopback needs --api-key")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every request (default: $VLLM_API_KEY; "
+                   "required for a --host other than loopback)")
     _add_params(p)
     p.set_defaults(handler="pipelines.serving:cli_serve")
 
