@@ -62,7 +62,7 @@ def _env(run: PipelineRun) -> dict[str, str]:
     return stage_env(run.run_id, run.tracking_uri)
 
 
-@task(name="params", cache_policy=NO_CACHE)
+@task(name="params", task_run_name="params", cache_policy=NO_CACHE)
 def apply_params(root: str, overrides: list[str]) -> Any:
     """Write the `-S` overrides into params.yaml (as `dvc exp run -S` does), then load it. A run
     started through a deployment (remotely) may only set the keys of config.REMOTE_OVERRIDES."""
@@ -74,13 +74,13 @@ def apply_params(root: str, overrides: list[str]) -> Any:
     return load_params(params_in(root))
 
 
-@task(name="stages", cache_policy=NO_CACHE)
+@task(name="stages", task_run_name="stages", cache_policy=NO_CACHE)
 def stages_of(root: str) -> list[str]:
     """The dvc.yaml stages in dependency order."""
     return stage_order(root)
 
 
-@task(name="dvc-pull", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
+@task(name="dvc-pull", task_run_name="dvc-pull", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
 def dvc_pull(run: PipelineRun) -> str:
     """Fetch DVC's run cache and the outputs dvc.lock records from the default remote, if it holds any."""
     name, url = default_remote(run.root)
@@ -124,7 +124,7 @@ def run_stage(stage: str, run: PipelineRun, placement: str = "local") -> dict[st
     return {"stage": stage, "status": status, "seconds": seconds, "lock_md5": entry_md5(after)}
 
 
-@task(name="dvc-push", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
+@task(name="dvc-push", task_run_name="dvc-push", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
 def dvc_push(run: PipelineRun) -> str:
     """Send the outputs and the run cache to the default remote (what another clone restores from)."""
     name, _ = default_remote(run.root)
@@ -138,13 +138,13 @@ def dvc_push(run: PipelineRun) -> str:
     return f"pushed to '{name}' (outputs and run cache)"
 
 
-@task(name="lineage", cache_policy=NO_CACHE)
+@task(name="lineage", task_run_name="lineage", cache_policy=NO_CACHE)
 def record_lineage(run: PipelineRun, stages: list[dict[str, Any]], params: Any) -> dict[str, str]:
     """dvc.lock, data hashes, per-stage status and the evaluation metrics onto the parent run."""
     return lineage.record(run, stages, params)
 
 
-@task(name="register", cache_policy=NO_CACHE)
+@task(name="register", task_run_name="register", cache_policy=NO_CACHE)
 def register_model(params: Any, lineage_tags: dict[str, str], pushed: str, run: PipelineRun) -> dict[str, Any]:
     """A new model version (once per dvc.lock), aliased challenger; not when registration is off or
     `dvc push` failed (a version whose outputs are not in the remote could not be restored)."""
@@ -158,7 +158,7 @@ def register_model(params: Any, lineage_tags: dict[str, str], pushed: str, run: 
     return as_dict(register(params, lineage.version_tags(lineage_tags, run), run.run_id, run.root))
 
 
-@task(name="promote", cache_policy=NO_CACHE)
+@task(name="promote", task_run_name="promote", cache_policy=NO_CACHE)
 def promote_model(params: Any, registration: dict[str, Any], run: PipelineRun) -> dict[str, Any] | None:
     """The promotion gate: champion moves to the new version only if it is significantly better."""
     if "skipped" in registration:
@@ -171,12 +171,12 @@ def promote_model(params: Any, registration: dict[str, Any], run: PipelineRun) -
     return as_dict(decision)
 
 
-@task(name="summary", cache_policy=NO_CACHE)
+@task(name="summary", task_run_name="summary", cache_policy=NO_CACHE)
 def summary(run: PipelineRun, params: Any, stages, pulled, pushed, registration, decision, overrides) -> dict[str, Any]:
     return summarize(run, params, stages, pulled, pushed, registration, decision, overrides)
 
 
-@task(name="publish", cache_policy=NO_CACHE)
+@task(name="publish", task_run_name="publish", cache_policy=NO_CACHE)
 def publish(run: PipelineRun, params: Any, s: dict[str, Any]) -> dict[str, Any]:
     """The summary where users look: the MLflow run's name, description and figures; the Prefect flow
     run's name, a markdown artifact and links to the MLflow run and the registered version."""

@@ -302,6 +302,15 @@ def _killed_stage_run(toy) -> str:
     return proc.stdout.split()[0]
 
 
+def _task_run_names(flow_run_id: str) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return sorted(r.name for r in runs)
+
+
 def _prefect_story(flow_run_id: str) -> tuple[str, dict[str, object], list[str]]:
     """(flow run name, {artifact key: artifact}, log messages) of a flow run, read back from the API."""
     from prefect.client.orchestration import get_client
@@ -379,6 +388,11 @@ def test_the_run_tells_its_story_in_mlflow_and_prefect(toy):
 
     name, artifacts, logs = _prefect_story(parent.data.tags["grpoflow.prefect.flow_run_id"])
     assert name == s1["name"]
+    # Task runs are named plainly, as the run graph shows them: no random suffixes.
+    stage_names = [s["stage"] for s in s1["stages"]]
+    assert _task_run_names(parent.data.tags["grpoflow.prefect.flow_run_id"]) == sorted(
+        ["params", "stages", "dvc-pull", *stage_names, "dvc-push", "lineage", "register", "promote", "summary", "publish"]
+    )
     assert artifacts["training-summary"].type == "markdown" and artifacts["training-summary"].data == description
     assert re.search(rf"\]\(http://127\.0\.0\.1:5000/#/experiments/{exp_id}/runs/{s1['run_id']}\)", artifacts["mlflow-run"].data)
     assert "/#/models/grpoflow-policy/versions/1)" in artifacts["model-version"].data  # Prefect keeps links as markdown
