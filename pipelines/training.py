@@ -1,4 +1,4 @@
-"""The `training-pipeline` Prefect flow: dvc pull → one task per dvc.yaml stage → dvc push →
+"""The `training-pipeline` Prefect flow: dvc status → dvc pull → one task per dvc.yaml stage → dvc push →
 lineage → register → promote, inside one MLflow parent run.
 
     grpoflow run                         # the embedded defaults (what `make demo` runs)
@@ -80,12 +80,20 @@ def stages_of(root: str) -> list[str]:
     return stage_order(root)
 
 
+@task(name="dvc-status", task_run_name="dvc-status", cache_policy=NO_CACHE)
+def dvc_status(run: PipelineRun) -> bool:
+    """True when nothing changed since dvc.lock (code, params, data, outputs): every stage will skip."""
+    return dvc_ops.up_to_date(run.root)
+
+
 @task(name="dvc-pull", task_run_name="dvc-pull", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
-def dvc_pull(run: PipelineRun) -> str:
+def dvc_pull(run: PipelineRun, unchanged: bool = False) -> str:
     """Fetch DVC's run cache and the outputs dvc.lock records from the default remote, if it holds any."""
     name, url = default_remote(run.root)
     if not name:
         return "skipped: no default DVC remote"
+    if unchanged:
+        return "skipped: nothing changed since dvc.lock, every output is here"
     if url and "://" not in url and not (Path(url).is_dir() and any(Path(url).iterdir())):
         return f"skipped: remote '{name}' ({url}) holds no data yet"
     rc, tail = run_dvc(["pull", "--run-cache", "--allow-missing"], run.root, _env(run), prefect_api_log())
@@ -98,10 +106,13 @@ def dvc_pull(run: PipelineRun) -> str:
 
 
 @task(retries=2, retry_delay_seconds=10, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
-def run_stage(stage: str, run: PipelineRun, placement: str = "local") -> dict[str, Any]:
+def run_stage(stage: str, run: PipelineRun, placement: str = "local", unchanged: bool = False) -> dict[str, Any]:
     """`dvc repro --single-item STAGE` (with `--pull` when there is a remote: a run the run cache
     knows is restored from it); ran, restored or skipped is read off DVC's output and dvc.lock.
-    A stage placed on a work pool runs there instead (pipelines/placement.py)."""
+    A stage placed on a work pool runs there instead (pipelines/placement.py). When `dvc status`
+    found nothing changed, the stage is skipped without starting DVC (it would skip it too)."""
+    if unchanged:
+        return {"stage": stage, "status": "skipped", "seconds": 0.0, "lock_md5": entry_md5(lock_entry(run.root, stage))}
     if placement != "local":
         return submit(stage, placement, run)
     before = lock_entry(run.root, stage)
@@ -125,16 +136,20 @@ def run_stage(stage: str, run: PipelineRun, placement: str = "local") -> dict[st
 
 
 @task(name="dvc-push", task_run_name="dvc-push", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
-def dvc_push(run: PipelineRun) -> str:
-    """Send the outputs and the run cache to the default remote (what another clone restores from)."""
+def dvc_push(run: PipelineRun, unchanged: bool = False) -> str:
+    """Send the outputs and the run cache to the default remote (what another clone restores from);
+    not again when nothing changed since this dvc.lock was pushed there."""
     name, _ = default_remote(run.root)
     if not name:
         return "skipped: no default DVC remote"
+    if unchanged and dvc_ops.already_pushed(run.root):
+        return f"skipped: this dvc.lock's outputs and run cache are in '{name}' already"
     rc, tail = dvc_ops.push(run.root, _env(run), log=prefect_api_log())
     if rc != 0:
         if is_transient(tail):
             raise TransientError(f"dvc push: {last_line(tail, rc)}")
         return f"failed: {last_line(tail, rc)}"
+    dvc_ops.mark_pushed(run.root)
     return f"pushed to '{name}' (outputs and run cache)"
 
 
@@ -202,13 +217,14 @@ def training_pipeline(overrides: list[str] | None = None) -> dict[str, Any]:
     with pipeline_lock(root):
         params = apply_params(root, list(overrides or []))
         with parent_run(params, root, overrides or []) as run:
-            pulled = dvc_pull(run)
+            unchanged = dvc_status(run)
+            pulled = dvc_pull(run, unchanged)
             stages: list[dict[str, Any]] = []
             for stage in stages_of(root):
                 with failure_recorded(stage, stages, run):
                     stages.append(run_stage.with_options(name=stage, task_run_name=stage)(
-                        stage, run, vars(params.placement).get(stage, "local")))
-            pushed = dvc_push(run)
+                        stage, run, vars(params.placement).get(stage, "local"), unchanged))
+            pushed = dvc_push(run, unchanged)
             lineage_tags = record_lineage(run, stages, params)
             registration = register_model(params, lineage_tags, pushed, run)
             decision = promote_model(params, registration, run)
