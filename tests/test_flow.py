@@ -193,6 +193,8 @@ def test_training_flow_end_to_end(toy):
     }
     assert not s2["registration"]["created"]
     assert len(client.search_model_versions("name = 'grpoflow-policy'")) == 1
+    # ... and started no DVC process: one in-process `dvc status`, no pull, no push of the same dvc.lock.
+    assert s2["pull"].startswith("skipped: nothing changed") and s2["push"].startswith("skipped: this dvc.lock")
     assert client.get_run(s2["run_id"]).data.tags["grpoflow.stages.grpo.status"] == "skipped"
 
     # Run 3, grpo changed but no better: prepare skipped, grpo + evaluate ran; v2 not promoted.
