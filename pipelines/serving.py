@@ -40,7 +40,7 @@ from components.config import load_params
 from components.errors import BackendError, ConfigError, EvaluationError, GrpoflowError
 from components.gsm8k import build_messages
 from components.modelio import registered_version, resolve_model
-from components.vllm_backend import server_command
+from components.vllm_backend import server_command, worker_env
 
 DEFAULT_MODEL = "models:/grpoflow-policy@champion"
 EXAMPLE_QUESTION = (
@@ -181,7 +181,7 @@ def serve(params: Any, spec: str, host: str, port: int, api_key: str | None = No
         env.pop(API_KEY_ENV, None)
         if api_key:
             env[API_KEY_ENV] = api_key
-        env.pop("PYTHONPATH", None)  # the vLLM venv must not import this venv's packages
+        env = worker_env(env)  # the vLLM venv must not import this venv's packages
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
