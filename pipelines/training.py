@@ -74,12 +74,6 @@ def apply_params(root: str, overrides: list[str]) -> Any:
     return load_params(params_in(root))
 
 
-@task(name="stages", task_run_name="stages", cache_policy=NO_CACHE)
-def stages_of(root: str) -> list[str]:
-    """The dvc.yaml stages in dependency order."""
-    return stage_order(root)
-
-
 @task(name="dvc-status", task_run_name="dvc-status", cache_policy=NO_CACHE)
 def dvc_status(run: PipelineRun) -> bool:
     """True when nothing changed since dvc.lock (code, params, data, outputs): every stage will skip."""
@@ -220,7 +214,7 @@ def training_pipeline(overrides: list[str] | None = None) -> dict[str, Any]:
             unchanged = dvc_status(run)
             pulled = dvc_pull(run, unchanged)
             stages: list[dict[str, Any]] = []
-            for stage in stages_of(root):
+            for stage in stage_order(root):  # read here, not in a task: its names would fan out in the graph
                 with failure_recorded(stage, stages, run):
                     stages.append(run_stage.with_options(name=stage, task_run_name=stage)(
                         stage, run, vars(params.placement).get(stage, "local"), unchanged))

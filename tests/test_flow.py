@@ -393,7 +393,7 @@ def test_the_run_tells_its_story_in_mlflow_and_prefect(toy):
     # Task runs are named plainly, as the run graph shows them: no random suffixes.
     stage_names = [s["stage"] for s in s1["stages"]]
     assert _task_run_names(parent.data.tags["grpoflow.prefect.flow_run_id"]) == sorted(
-        ["params", "stages", "dvc-pull", *stage_names, "dvc-push", "lineage", "register", "promote", "summary", "publish"]
+        ["params", "dvc-status", "dvc-pull", *stage_names, "dvc-push", "lineage", "register", "promote", "summary", "publish"]
     )
     assert artifacts["training-summary"].type == "markdown" and artifacts["training-summary"].data == description
     assert re.search(rf"\]\(http://127\.0\.0\.1:5000/#/experiments/{exp_id}/runs/{s1['run_id']}\)", artifacts["mlflow-run"].data)
