@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from components.config import load_params
-from pipelines.lineage import _VLLM_VERSION, EVAL_BACKEND_TAG, VLLM_VERSION_TAG, PipelineRun, record, vllm_engine_version
+from pipelines.lineage import (
+    _VLLM_VERSION,
+    EVAL_BACKEND_TAG,
+    VLLM_VERSION_TAG,
+    PipelineRun,
+    record,
+    vllm_engine_version,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -226,7 +226,7 @@ def test_training_on_a_cpu_prints_none_of_the_known_harmless_warnings(tiny):
             list(torch.utils.data.DataLoader(list(range(4)), batch_size=2, pin_memory=args.dataloader_pin_memory))
             with disable_gradient_checkpointing(model):  # what TRL runs before generating
                 pass
-            warnings.warn("some other deprecation", FutureWarning)
+            warnings.warn("some other deprecation", FutureWarning, stacklevel=2)
         return [str(w.message) for w in caught]
 
     assert any("is_gradient_checkpointing" in m for m in warned(quiet=False))  # the check can fail
