@@ -10,7 +10,8 @@ already a server (http[s]://), there is nothing to start: it prints that address
 
 The server (mlflow, its uvicorn supervisor and worker) runs under `pipelines.guard`, in a process
 group that stops with `grpoflow ui`: Ctrl-C, SIGTERM (a service manager, `kill`) or even SIGKILL
-leave no server behind holding the port.
+leave no server behind holding the port. MLflow's job runner (GenAI jobs) is off unless
+MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true.
 """
 
 from __future__ import annotations
@@ -45,7 +46,13 @@ def cli_ui(args: argparse.Namespace) -> int:
         return 0
     cmd = server_command(uri, resolve_artifact_location(params, uri), args.host, args.port)
     print(f"MLflow UI for {uri} on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true")}
+    env = {
+        **os.environ,
+        "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true"),
+        # MLflow's job runner (seven huey consumer processes) serves GenAI jobs (judges, trace rollups),
+        # which training runs do not use; without it the UI starts sooner. Set it to true to have it.
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false"),
+    }
     guard = subprocess.Popen([sys.executable, "-m", "pipelines.guard", *cmd], env=env)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

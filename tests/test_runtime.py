@@ -1,6 +1,9 @@
 """Nothing is left running after the process that started it is gone: a flow killed with SIGKILL
 leaves no Prefect temporary server, and `grpoflow ui` stopped with SIGTERM (a service manager,
-`kill`) leaves no MLflow server or uvicorn worker holding its port."""
+`kill`) leaves no MLflow server or uvicorn worker holding its port.
+
+Slow tier: each boots a real server (37 s and 44 s on the shared 2-core machine, about a third of
+that on an idle one)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.servers import free_port
+
+pytestmark = pytest.mark.slow
 
 DEADLINE_S = 180.0
 
