@@ -13,7 +13,7 @@
                                        first, so compare views lead with it); returns the lineage tags
     failure_recorded(stage, stages, run)   context manager: a failing stage is recorded, then re-raised
     version_tags(lineage, run)         what a registered model version carries from the pipeline run
-    lineage_versions(params, root)     package versions for the `grpoflow.version.*` tags, vLLM's the one
+    lineage_versions(params)           package versions for the `grpoflow.version.*` tags, vLLM's the one
                                        evaluation uses (its own venv on CPU), not this venv's
 
 The vLLM version tag is first the vLLM the evaluate stage would use (importable here, else
@@ -142,7 +142,7 @@ def parent_run(params: Any, root: str | Path, overrides: list[str] | tuple[str, 
     client = mlflow.MlflowClient()
     tags = {
         **{f"{TAG_PREFIX}{k}": v for k, v in git_state(root).items()},
-        **{f"{TAG_PREFIX}version.{k}": v for k, v in lineage_versions(params, root).items()},
+        **{f"{TAG_PREFIX}version.{k}": v for k, v in lineage_versions(params).items()},
         FLOW_RUN_TAG: str(flow_run.id or ""),
         f"{TAG_PREFIX}prefect.flow_run_name": str(flow_run.name or ""),
         PIPELINE_TAG: FLOW_NAME,
@@ -204,11 +204,12 @@ _VLLM_VERSION = (
 )
 
 
-def lineage_versions(params: Any, root: str | Path | None = None) -> dict[str, str]:
-    """package_versions(), with vLLM's taken from the engine evaluation uses."""
+def lineage_versions(params: Any) -> dict[str, str]:
+    """package_versions(), with vLLM's taken from the engine evaluation uses (found as the evaluate
+    stage finds it: under the working directory's checkout, then this code's)."""
     versions = package_versions()
     if "vllm" in versions and params is not None:
-        versions["vllm"] = vllm_engine_version(params.evaluate.vllm_python, root)
+        versions["vllm"] = vllm_engine_version(params.evaluate.vllm_python)
     return versions
 
 
