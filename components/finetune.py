@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,15 +47,31 @@ _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 def device_defaults() -> dict[str, Any]:
     """bf16 and gradient checkpointing only where they help: TRL turns both on by default, and on a
-    CPU both make a small model slower."""
+    CPU both make a small model slower. Pinned memory only with an accelerator to pin it for (on a
+    CPU, torch's DataLoader warns once per epoch that it has none)."""
     import torch
 
     gpu = torch.cuda.is_available()
     return {
         "bf16": bool(gpu and torch.cuda.is_bf16_supported()),
         "activation_checkpointing": gpu,  # transformers 5's name for gradient_checkpointing
+        "dataloader_pin_memory": gpu,
         "report_to": ["mlflow"],
     }
+
+
+# Warnings known to be harmless that no setting of ours avoids, each silenced by its exact message
+# and the module that issues it (never wholesale). TRL 1.16 reads `model.is_gradient_checkpointing`,
+# deprecated in transformers 5, before every GRPO generation (trl/models/utils.py): once per step.
+KNOWN_HARMLESS_WARNINGS = [
+    (FutureWarning, "`is_gradient_checkpointing` is deprecated", r"transformers\.modeling_utils"),
+]
+
+
+def quiet_known_warnings() -> None:
+    """Silence KNOWN_HARMLESS_WARNINGS in this process (the training stages call it)."""
+    for category, message, module in KNOWN_HARMLESS_WARNINGS:
+        warnings.filterwarnings("ignore", message=re.escape(message), category=category, module=module)
 
 
 _PLAIN_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,)}
@@ -273,6 +290,7 @@ def train_and_save(
 
     output_dir, ckpt_dir, lora, report = cfg.output_dir, cfg.checkpoint_dir, cfg.use_lora, Path(cfg.metrics_file)
 
+    quiet_known_warnings()
     start = time.monotonic()
     result = trainer.train(resume_from_checkpoint=checkpoint)
     seconds = time.monotonic() - start

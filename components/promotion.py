@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,10 @@ from components.registry import (
 )
 from components.reports import read_items
 from components.tracking import repo_root, resolve_tracking_uri
+
+# Who decided and when (version tags, written with the decision): what a later no-op run reports.
+DECIDED_BY_TAG = "promotion.decided_by_run"
+DECIDED_AT_TAG = "promotion.decided_at"
 
 
 @dataclass
@@ -135,12 +140,15 @@ def _tag_value(value: Any) -> str:
     return json.dumps(value)
 
 
-def _write_decision(client, name: str, version: str, decision: Decision, move_alias: bool) -> None:
+def _write_decision(client, name: str, version: str, decision: Decision, move_alias: bool, run_id: str | None = None) -> None:
     """Numbers and reason first, then the alias, then the decision tag (the commit marker). The alias
     moves only if the champion is still the one the decision was made against."""
     for key, value in decision.numbers.items():
         client.set_model_version_tag(name, version, f"promotion.{key}", _tag_value(value))
     client.set_model_version_tag(name, version, REASON_TAG, decision.reason)
+    if run_id:
+        client.set_model_version_tag(name, version, DECIDED_BY_TAG, run_id)
+    client.set_model_version_tag(name, version, DECIDED_AT_TAG, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     if move_alias:
         now = alias_version(client, name, CHAMPION)
         if (now.version if now else None) != decision.champion_before:
@@ -192,14 +200,13 @@ def gate(params: Params, registration: Registration, root: str | os.PathLike | N
     mv = client.get_model_version(name, version)
     if DECISION_TAG in mv.tags:  # decided by an earlier run: nothing to do
         return Decision(
-            name, version, mv.tags[DECISION_TAG],
-            f"decided by an earlier run, nothing changed: {mv.tags.get(REASON_TAG, '')}", mv.tags.get(PREVIOUS_TAG),
+            name, version, mv.tags[DECISION_TAG], _as_decided(client, mv), mv.tags.get(PREVIOUS_TAG),
         )
     client.set_registered_model_alias(name, CHALLENGER, version)
     champion = alias_version(client, name, CHAMPION)
     if champion is None:
         decision = Decision(name, version, "promoted", f"no champion yet: v{version} becomes champion")
-        _write_decision(client, name, version, decision, move_alias=True)
+        _write_decision(client, name, version, decision, move_alias=True, run_id=registration.run_id)
         return decision
     if champion.version == version:  # an interrupted earlier gate had already moved the alias
         decision = Decision(name, version, "promoted", mv.tags.get(REASON_TAG, "champion alias already on it"))
@@ -221,8 +228,23 @@ def gate(params: Params, registration: Registration, root: str | os.PathLike | N
         name, version, "promoted" if ok else "rejected",
         _reason(version, champion.version, ok, numbers), champion.version, numbers,
     )
-    _write_decision(client, name, version, decision, move_alias=ok)
+    _write_decision(client, name, version, decision, move_alias=ok, run_id=registration.run_id)
     return decision
+
+
+def _as_decided(client, mv) -> str:
+    """What is true now about a version an earlier run decided: who is champion, which run decided
+    and when (a version decided before these tags were written names its registering run)."""
+    champion = alias_version(client, mv.name, CHAMPION)
+    if champion is None:
+        now = "no version is champion"
+    elif str(champion.version) == str(mv.version):
+        now = f"v{mv.version} is champion"
+    else:
+        now = f"v{champion.version} is champion, v{mv.version} was {mv.tags[DECISION_TAG]}"
+    run = mv.tags.get(DECIDED_BY_TAG) or mv.tags.get("lineage.pipeline_run_id") or "unknown"
+    when = mv.tags.get(DECIDED_AT_TAG) or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(mv.last_updated_timestamp / 1000))
+    return f"{now}, decided by run {run} on {when}; nothing changed since"
 
 
 def force_promote(params: Params, name: str, version: str, reason: str) -> Decision:

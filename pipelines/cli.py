@@ -24,7 +24,16 @@ PARAMS_HELP = "override one param, as in `dvc exp run -S` (repeatable), e.g. -S 
 SERVE_DESCRIPTION = (
     "Resolve and download MODEL, then serve it with vLLM's OpenAI-compatible server under NAME/VERSION, with its "
     "own chat template and the evaluate section's engine settings (on CPU in the evaluate.vllm_python venv). "
-    "Prints a ready-to-paste curl and openai request; Ctrl-C stops it."
+    "Prints a ready-to-paste curl and openai request; Ctrl-C stops it. A --host other than loopback needs an API "
+    "key (--api-key or VLLM_API_KEY)."
+)
+SCHEDULE_DESCRIPTION = (
+    "Serve the training flow from this process on a cron schedule (Prefect's flow.serve; no work pool or worker): "
+    "each time the schedule fires, a subprocess of this one runs the pipeline on this checkout, as `grpoflow run` "
+    "with the -S overrides given here would. The schedule lives on the Prefect server at PREFECT_API_URL; without it, on a temporary server that "
+    "exists only while this process runs (start `prefect server start` and set PREFECT_API_URL to keep schedules "
+    "and run history, and for faster runs). Runs until stopped: Ctrl-C or SIGTERM stops it and cancels a run in "
+    "progress."
 )
 REPRODUCE_DESCRIPTION = (
     "Check out the version's git commit into a clean working copy, restore the params.yaml and dvc.lock its "
@@ -111,8 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", action="append", default=None, help="deployment name (repeatable; default: all)")
     p.set_defaults(handler="pipelines.deploy:cli_deploy")
 
-    p = sub.add_parser("schedule", help="run the training flow from this process on a cron schedule (no worker)")
-    p.add_argument("--cron", default="0 3 * * *", help='cron schedule (default: "0 3 * * *")')
+    p = sub.add_parser("schedule", help="run the training flow from this process on a cron schedule (no worker)",
+                       description=SCHEDULE_DESCRIPTION)
+    p.add_argument("--cron", default="0 3 * * *", help='cron schedule, UTC (default: "0 3 * * *", daily at 03:00)')
     _add_params(p)
     p.set_defaults(handler="pipelines.deploy:cli_schedule")
 
@@ -122,7 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="models:/NAME@ALIAS, models:/NAME/VERSION, a model folder or a hub id "
                    "(default: models:/grpoflow-policy@champion)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="bind address (default 127.0.0.1); any other than loopback needs --api-key")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on every request (default: $VLLM_API_KEY; "
+                   "required for a --host other than loopback)")
     _add_params(p)
     p.set_defaults(handler="pipelines.serving:cli_serve")
 

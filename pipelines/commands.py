@@ -49,27 +49,32 @@ def cli_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, root: Path) -> int:
+    import time
+
     from pipelines.placement import check_placement
     from pipelines.runtime import start_prefect_server
 
     params = _load_checked(args, root)
     check_placement(params, root, resolve_tracking_uri(params, root))
     booting = start_prefect_server()
-    from components import grpo, sft
+    if args.overrides:  # TRL's own checks of the trainer settings, before -S changes params.yaml
+        from components import grpo, sft
 
-    sft.trainer_settings(params)  # TRL's own checks of the trainer settings, before params.yaml changes
-    grpo.trainer_settings(params)
+        sft.trainer_settings(params)  # (without -S the stages check them: no torch import here)
+        grpo.trainer_settings(params)
     import dvc.repo  # noqa: F401  (imports overlap with the server's start-up)
     import mlflow  # noqa: F401
 
     from pipelines.dvc_ops import StageFailed, TransientError, stage_order
     from pipelines.runlock import PipelineLocked
-    from pipelines.summary import format_run_summary
+    from pipelines.summary import format_run_summary, task_seconds, time_line
     from pipelines.training import training_pipeline
 
     stage_order(root)  # DVC reads dvc.yaml and dvc.lock: a broken one fails here, in one line
+    waited = time.perf_counter()
     if booting is not None:
         booting.join()
+    ready, startup = time.perf_counter(), _process_age()
     try:
         summary = training_pipeline(overrides=list(args.overrides))
     except PipelineLocked as exc:
@@ -77,7 +82,21 @@ def _run(args: argparse.Namespace, root: Path) -> int:
     except (StageFailed, TransientError) as exc:
         return fail(exc, 1)
     print(format_run_summary(summary))
+    print(time_line(_process_age(), startup, ready - waited, task_seconds(summary.run_id)))
     return 0
+
+
+def _process_age() -> float:
+    """Seconds since this process started (the interpreter's own start-up included), from /proc."""
+    import os
+    import time
+
+    try:
+        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        uptime = float(open("/proc/uptime").read().split()[0])
+        return max(uptime - ticks / os.sysconf("SC_CLK_TCK"), 0.0)
+    except (OSError, ValueError, IndexError):
+        return time.process_time()
 
 
 def cli_evaluate(args: argparse.Namespace) -> int:

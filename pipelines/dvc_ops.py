@@ -10,6 +10,8 @@
     push(root, env, stages, log)   `dvc push --run-cache`, plus the objects of git-tracked outputs
     pull(root, env, stages, log)   `dvc pull --allow-missing`, plus the git-tracked outputs of dvc.lock
     stage_env(...)               the environment a stage runs in
+    up_to_date(root)             True when `dvc status` finds nothing changed since dvc.lock
+    already_pushed(root) / mark_pushed(root)   whether this dvc.lock was pushed to this remote already
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pipelines.group_watchdog import GROUP_FILE_ENV
 from pipelines.runtime import TELEMETRY_OFF
 
 STAGE_GROUP_FILE = ".dvc/tmp/grpoflow-stage.group"  # the process group of the running dvc command
+PUSHED_FILE = ".dvc/tmp/grpoflow-pushed"  # dvc.lock's md5 and the remote of the last successful push
 # DVC's messages for contention with another DVC process: worth a retry.
 TRANSIENT_MARKERS = ("Unable to acquire lock", "is busy", "database is locked")
 
@@ -118,6 +121,38 @@ def default_remote(root: str | os.PathLike) -> tuple[str | None, str | None]:
     if url and "://" not in url and not os.path.isabs(url):
         url = str((Path(root) / ".dvc" / url).resolve())
     return name, url
+
+
+def up_to_date(root: str | os.PathLike) -> bool:
+    """True when `dvc status` finds every stage's deps, params and outputs as dvc.lock records them
+    (outputs present included): then `dvc repro` would skip every stage and there is nothing to pull.
+    One in-process status instead of a `dvc` process per stage: a rerun with nothing changed is quick."""
+    from dvc.repo import Repo
+
+    if not (Path(root) / "dvc.lock").is_file():
+        return False
+    with Repo(str(root)) as repo:
+        return not repo.status()
+
+
+def _push_marker(root: str | os.PathLike) -> str:
+    lock = Path(root) / "dvc.lock"
+    digest = hashlib.md5(lock.read_bytes()).hexdigest() if lock.is_file() else "none"
+    return f"{digest} {default_remote(root)[1]}\n"
+
+
+def already_pushed(root: str | os.PathLike) -> bool:
+    """Whether the last successful push sent this very dvc.lock's outputs and run cache to this remote."""
+    try:
+        return (Path(root) / PUSHED_FILE).read_text() == _push_marker(root)
+    except OSError:
+        return False
+
+
+def mark_pushed(root: str | os.PathLike) -> None:
+    path = Path(root) / PUSHED_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_push_marker(root))
 
 
 def stage_env(parent_run_id: str | None, tracking_uri: str) -> dict[str, str]:

@@ -109,7 +109,7 @@ def evaluate_one(
 
 
 
-@task(name="evaluate", cache_policy=NO_CACHE)
+@task(name="evaluate", task_run_name="evaluate", cache_policy=NO_CACHE)
 def evaluate_task(
     params: Params,
     model: str,

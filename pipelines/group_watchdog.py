@@ -1,6 +1,7 @@
 """Run a command in a process group of its own that dies with the process that started it.
 
     python -m pipelines.group_watchdog COMMAND [ARGS...]
+    python -m pipelines.group_watchdog --poll-parent COMMAND [ARGS...]
 
 The flow runs every `dvc` command through this watchdog. A flow killed with SIGKILL gets no chance
 to stop its children, and a `dvc repro` left running would hold DVC's lock and keep writing the
@@ -8,6 +9,11 @@ stage's checkpoints under the next run. The watchdog does it for the flow: Linux
 when its parent dies (PR_SET_PDEATHSIG), and the watchdog then stops the command's whole process
 group (DVC and the stage command DVC started): SIGTERM, then SIGKILL after a grace period. The
 same happens when the watchdog itself gets SIGTERM, SIGINT or SIGHUP (Ctrl-C in the terminal).
+
+Linux sends that signal when the *thread* that started the watchdog ends, not only its process: a
+watchdog started from a thread that finishes before the process does (Prefect's temporary server,
+booted from a background thread) runs with `--poll-parent` instead, which checks every
+POLL_S seconds whether its parent is still the process that started it.
 
 With GRPOFLOW_STAGE_GROUP_FILE set, the watchdog records the group there while the command runs, so
 that a later run can find and stop a group whose watchdog was killed too (`stop_orphans`).
@@ -26,6 +32,7 @@ from pathlib import Path
 
 GROUP_FILE_ENV = "GRPOFLOW_STAGE_GROUP_FILE"
 GRACE_S = 10.0
+POLL_S = 0.5
 _PR_SET_PDEATHSIG = 1
 
 
@@ -104,11 +111,14 @@ def stop_orphans(group_file: str | os.PathLike, cwd: str | os.PathLike) -> list[
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    poll_parent = bool(argv) and argv[0] == "--poll-parent"
+    argv = argv[1:] if poll_parent else argv
     if not argv:
-        print("usage: python -m pipelines.group_watchdog COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: python -m pipelines.group_watchdog [--poll-parent] COMMAND [ARGS...]", file=sys.stderr)
         return 2
     parent = os.getppid()
-    die_with_parent(signal.SIGTERM)
+    if not poll_parent:
+        die_with_parent(signal.SIGTERM)
     if os.getppid() != parent:  # the parent died before the request took effect
         return 128 + signal.SIGTERM
     proc = subprocess.Popen(argv, start_new_session=True)
@@ -125,7 +135,15 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)
-    rc = proc.wait()
+    while poll_parent:
+        try:
+            rc = proc.wait(timeout=POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            if os.getppid() != parent:  # re-parented: the process that started us is gone
+                stop(signal.SIGTERM, None)
+    else:
+        rc = proc.wait()
     if group_file:
         Path(group_file).unlink(missing_ok=True)
     return rc

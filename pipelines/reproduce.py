@@ -115,7 +115,7 @@ def metrics_files(root: Path) -> set[str]:
         return {str(o.def_path) for st in repo.index.stages for o in st.outs if getattr(o, "metric", False)}
 
 
-def caveats(version_tags: dict[str, str], run_tags: dict[str, str]) -> list[str]:
+def caveats(version_tags: dict[str, str], run_tags: dict[str, str], params: Any = None) -> list[str]:
     """What keeps this reproduction from being exact, each naming its cause.
 
     >>> caveats({"lineage.git_dirty": "true", "lineage.git_commit": "abc"}, {"grpoflow.version.nosuchpkg": "1.0"})[0][:40]
@@ -131,6 +131,10 @@ def caveats(version_tags: dict[str, str], run_tags: dict[str, str]) -> list[str]
         )
     recorded = {k[len(VERSION_TAG) :]: v for k, v in run_tags.items() if k.startswith(VERSION_TAG)}
     here = package_versions(tuple(recorded))
+    if "vllm" in recorded and params is not None:  # the vLLM evaluation runs on, maybe in its own venv
+        from pipelines.lineage import vllm_engine_version
+
+        here["vllm"] = vllm_engine_version(params.evaluate.vllm_python)
     differ = [f"{p} {v} (run) vs {here[p]} (here)" for p, v in sorted(recorded.items()) if here[p] != v]
     if differ:
         out.append("library versions differ from the run's (grpoflow.version.* run tags): " + "; ".join(differ))
@@ -198,7 +202,7 @@ def reproduce(params: Params, name: str, version: str, workdir: str | None, from
     run = client.get_run(run_id)
     recorded = recorded_metrics(tags, run.data.metrics)
     print(f"reproduce {name} v{version}: commit {commit[:12]}, pipeline run {run_id}")
-    notes = caveats(tags, run.data.tags)
+    notes = caveats(tags, run.data.tags, params)
     print("cannot be reproduced exactly:" if notes else "nothing known that would keep it from reproducing exactly")
     for note in notes:
         print(f"  - {note}")

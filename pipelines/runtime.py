@@ -2,7 +2,9 @@
 
     prefect_env_defaults()     telemetry off for this process and the stages it starts
     start_prefect_server()     boot Prefect's temporary API server in the background when no
-                               PREFECT_API_URL is set, so that it starts while MLflow and DVC import
+                               PREFECT_API_URL is set, so that it starts while MLflow and DVC import;
+                               the server runs under pipelines.group_watchdog and dies with this process, even
+                               when it is killed with SIGKILL (Prefect's own stops it only at exit)
     prefect_api_log()          a function that sends a line to the current Prefect run's log (the UI)
                                and not to the terminal, which shows the stages' own output already
 """
@@ -11,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 
@@ -41,11 +45,42 @@ def start_prefect_server() -> threading.Thread | None:
 
     if PREFECT_API_URL.value():
         return None
-    from prefect.server.api.server import SubprocessASGIServer
-
-    thread = _Booting(target=SubprocessASGIServer().start, kwargs={"timeout": SERVER_STARTUP_TIMEOUT_S}, daemon=True)
+    thread = _Booting(target=guarded_server().start, kwargs={"timeout": SERVER_STARTUP_TIMEOUT_S}, daemon=True)
     thread.start()
     return thread
+
+
+def guarded_server():
+    """Prefect's temporary server object (the one its client uses when PREFECT_API_URL is unset), its
+    uvicorn process started under `pipelines.group_watchdog --poll-parent`.
+
+    Prefect starts the server as a plain child and stops it from an exit hook, which SIGKILL (the
+    OOM killer, `kill -9`) skips: the server then runs on, holding a port, forever. Under the watchdog
+    it is stopped within a second of this process's death. The subclass instance is registered as
+    Prefect's own (SubprocessASGIServer() returns it), so the flow's client uses this server."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    class GuardedServer(SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            import prefect
+            from prefect.settings import get_current_settings
+
+            # Prefect's own command and environment (SubprocessASGIServer._run_uvicorn_command), watched.
+            command = [
+                sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent),
+                "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                "--log-level", "error", "--lifespan", "on",
+            ]
+            env = {
+                **os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+                **get_current_settings().to_environment_variables(exclude_unset=True),
+            }
+            return subprocess.Popen([sys.executable, "-m", "pipelines.group_watchdog", "--poll-parent", *command], env=env)
+
+    existing = SubprocessASGIServer._instances.get(None)
+    if existing is not None:
+        return existing  # already created (and maybe started) in this process
+    return GuardedServer()
 
 
 class _Booting(threading.Thread):

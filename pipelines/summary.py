@@ -8,6 +8,7 @@ flow's return value), its terminal rendering, and the same story in MLflow and P
     publish_mlflow(run, summary, params)  name (`rerun` added when no stage ran), description and
                                    figures (accuracy per model, GRPO's curves) onto the parent run
     links(summary)                 {what: URL} of the MLflow run and the registered version
+    time_line(total, startup, waited, tasks)   where a run's seconds went, printed last by `grpoflow run`
 """
 
 from __future__ import annotations
@@ -196,3 +197,36 @@ def publish_mlflow(run: PipelineRun, s: RunSummary, params: Params) -> list[str]
     client.set_tag(s.run_id, DESCRIPTION_TAG, summary_markdown(s))
     history = Path(run.root) / params.grpo.history_file
     return log_figures(client, s.run_id, s.metrics, history, list(params.rewards.funcs))
+
+
+def time_line(total: float, startup: float, waited: float, tasks: list[tuple[str, float]]) -> str:
+    """Where the seconds of `grpoflow run` went: start-up (imports, checks, and the wait for Prefect's
+    temporary server), each task of the flow run, and the rest (Prefect's bookkeeping, MLflow's run).
+
+    >>> time_line(9.0, 3.0, 0.5, [("dvc-status", 0.8), ("data", 0.0), ("publish", 1.5)])
+    '  time: 9.0 s = start-up 3.0 s (0.5 s of it waiting for the Prefect server) + dvc-status 0.8 + publish 1.5 + other 3.7 s'
+    """
+    shown = [(name, s) for name, s in tasks if s >= 0.05]
+    rest = max(total - startup - sum(s for _, s in tasks), 0.0)
+    parts = [f"start-up {startup:.1f} s" + (f" ({waited:.1f} s of it waiting for the Prefect server)" if waited >= 0.05 else "")]
+    parts += [f"{name} {s:.1f}" for name, s in shown]
+    return f"  time: {total:.1f} s = " + " + ".join(parts) + f" + other {rest:.1f} s"
+
+
+def task_seconds(parent_run_id: str) -> list[tuple[str, float]]:
+    """(name, seconds) of each task run of the pipeline run's Prefect flow run, in start order."""
+    import mlflow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    from pipelines.lineage import FLOW_RUN_TAG
+
+    flow_run_id = mlflow.MlflowClient().get_run(parent_run_id).data.tags.get(FLOW_RUN_TAG)
+    if not flow_run_id:
+        return []
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), sort=TaskRunSort.EXPECTED_START_TIME_ASC,
+        )
+    return [(r.name, r.total_run_time.total_seconds()) for r in runs]

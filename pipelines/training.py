@@ -1,4 +1,4 @@
-"""The `training-pipeline` Prefect flow: dvc pull → one task per dvc.yaml stage → dvc push →
+"""The `training-pipeline` Prefect flow: dvc status → dvc pull → one task per dvc.yaml stage → dvc push →
 lineage → register → promote, inside one MLflow parent run.
 
     grpoflow run                         # the embedded defaults (what `make demo` runs)
@@ -67,7 +67,7 @@ def _env(run: PipelineRun) -> dict[str, str]:
     return stage_env(run.run_id, run.tracking_uri)
 
 
-@task(name="params", cache_policy=NO_CACHE)
+@task(name="params", task_run_name="params", cache_policy=NO_CACHE)
 def apply_params(root: str, overrides: list[str]) -> Params:
     """Write the `-S` overrides into params.yaml (as `dvc exp run -S` does), then load it. A run
     started through a deployment (remotely) may only set the keys of overrides.REMOTE_OVERRIDES."""
@@ -79,18 +79,20 @@ def apply_params(root: str, overrides: list[str]) -> Params:
     return load_params(params_in(root))
 
 
-@task(name="stages", cache_policy=NO_CACHE)
-def stages_of(root: str) -> list[str]:
-    """The dvc.yaml stages in dependency order."""
-    return stage_order(root)
+@task(name="dvc-status", task_run_name="dvc-status", cache_policy=NO_CACHE)
+def dvc_status(run: PipelineRun) -> bool:
+    """True when nothing changed since dvc.lock (code, params, data, outputs): every stage will skip."""
+    return dvc_ops.up_to_date(run.root)
 
 
-@task(name="dvc-pull", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
-def dvc_pull(run: PipelineRun) -> str:
+@task(name="dvc-pull", task_run_name="dvc-pull", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
+def dvc_pull(run: PipelineRun, unchanged: bool = False) -> str:
     """Fetch DVC's run cache and the outputs dvc.lock records from the default remote, if it holds any."""
     name, url = default_remote(run.root)
     if not name:
         return "skipped: no default DVC remote"
+    if unchanged:
+        return "skipped: nothing changed since dvc.lock, every output is here"
     if url and "://" not in url and not (Path(url).is_dir() and any(Path(url).iterdir())):
         return f"skipped: remote '{name}' ({url}) holds no data yet"
     rc, tail = run_dvc(["pull", "--run-cache", "--allow-missing"], run.root, _env(run), prefect_api_log())
@@ -103,10 +105,13 @@ def dvc_pull(run: PipelineRun) -> str:
 
 
 @task(retries=2, retry_delay_seconds=10, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
-def run_stage(stage: str, run: PipelineRun, placement: str = "local") -> StageResult:
+def run_stage(stage: str, run: PipelineRun, placement: str = "local", unchanged: bool = False) -> StageResult:
     """`dvc repro --single-item STAGE` (with `--pull` when there is a remote: a run the run cache
     knows is restored from it); ran, restored or skipped is read off DVC's output and dvc.lock.
-    A stage placed on a work pool runs there instead (pipelines/placement.py)."""
+    A stage placed on a work pool runs there instead (pipelines/placement.py). When `dvc status`
+    found nothing changed, the stage is skipped without starting DVC (it would skip it too)."""
+    if unchanged:
+        return StageResult(stage, "skipped", 0.0, entry_md5(lock_entry(run.root, stage)))
     if placement != "local":
         return submit(stage, placement, run)
     before = lock_entry(run.root, stage)
@@ -123,27 +128,31 @@ def run_stage(stage: str, run: PipelineRun, placement: str = "local") -> StageRe
     return StageResult(stage, stage_status(tail, before, after), seconds, entry_md5(after))
 
 
-@task(name="dvc-push", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
-def dvc_push(run: PipelineRun) -> str:
-    """Send the outputs and the run cache to the default remote (what another clone restores from)."""
+@task(name="dvc-push", task_run_name="dvc-push", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
+def dvc_push(run: PipelineRun, unchanged: bool = False) -> str:
+    """Send the outputs and the run cache to the default remote (what another clone restores from);
+    not again when nothing changed since this dvc.lock was pushed there."""
     name, _ = default_remote(run.root)
     if not name:
         return "skipped: no default DVC remote"
+    if unchanged and dvc_ops.already_pushed(run.root):
+        return f"skipped: this dvc.lock's outputs and run cache are in '{name}' already"
     rc, tail = dvc_ops.push(run.root, _env(run), log=prefect_api_log())
     if rc != 0:
         if is_transient(tail):
             raise TransientError(f"dvc push: {last_line(tail, rc)}")
         return f"failed: {last_line(tail, rc)}"
+    dvc_ops.mark_pushed(run.root)
     return f"pushed to '{name}' (outputs and run cache)"
 
 
-@task(name="lineage", cache_policy=NO_CACHE)
+@task(name="lineage", task_run_name="lineage", cache_policy=NO_CACHE)
 def record_lineage(run: PipelineRun, stages: list[StageResult], params: Params) -> dict[str, str]:
     """dvc.lock, data hashes, per-stage status and the evaluation metrics onto the parent run."""
     return lineage.record(run, stages, params)
 
 
-@task(name="register", cache_policy=NO_CACHE)
+@task(name="register", task_run_name="register", cache_policy=NO_CACHE)
 def register_model(params: Params, lineage_tags: dict[str, str], pushed: str, run: PipelineRun) -> dict[str, Any]:
     """A new model version (once per dvc.lock), aliased challenger; not when registration is off or
     `dvc push` failed (a version whose outputs are not in the remote could not be restored)."""
@@ -157,7 +166,7 @@ def register_model(params: Params, lineage_tags: dict[str, str], pushed: str, ru
     return as_dict(register(params, lineage.version_tags(lineage_tags, run), run.run_id, run.root))
 
 
-@task(name="promote", cache_policy=NO_CACHE)
+@task(name="promote", task_run_name="promote", cache_policy=NO_CACHE)
 def promote_model(params: Params, registration: dict[str, Any], run: PipelineRun) -> dict[str, Any] | None:
     """The promotion gate: champion moves to the new version only if it is significantly better."""
     if "skipped" in registration:
@@ -170,7 +179,7 @@ def promote_model(params: Params, registration: dict[str, Any], run: PipelineRun
     return as_dict(decision)
 
 
-@task(name="summary", cache_policy=NO_CACHE)
+@task(name="summary", task_run_name="summary", cache_policy=NO_CACHE)
 def summarize_run(
     run: PipelineRun, params: Params, stages: list[StageResult], pulled: str, pushed: str,
     registration: dict[str, Any], decision: dict[str, Any] | None, overrides: list[str],
@@ -178,7 +187,7 @@ def summarize_run(
     return run_summary(run, params, stages, pulled, pushed, registration, decision, overrides)
 
 
-@task(name="publish", cache_policy=NO_CACHE)
+@task(name="publish", task_run_name="publish", cache_policy=NO_CACHE)
 def publish(run: PipelineRun, params: Params, s: RunSummary) -> RunSummary:
     """The summary where users look: the MLflow run's name, description and figures; the Prefect flow
     run's name, a markdown artifact and links to the MLflow run and the registered version."""
@@ -204,13 +213,14 @@ def training_pipeline(overrides: list[str] | None = None) -> RunSummary:
     with pipeline_lock(root):
         params = apply_params(root, list(overrides or []))
         with parent_run(params, root, overrides or []) as run:
-            pulled = dvc_pull(run)
+            unchanged = dvc_status(run)
+            pulled = dvc_pull(run, unchanged)
             stages: list[StageResult] = []
-            for stage in stages_of(root):
+            for stage in stage_order(root):  # read here, not in a task: its names would fan out in the graph
                 with failure_recorded(stage, stages, run):
                     stages.append(run_stage.with_options(name=stage, task_run_name=stage)(
-                        stage, run, vars(params.placement).get(stage, "local")))
-            pushed = dvc_push(run)
+                        stage, run, vars(params.placement).get(stage, "local"), unchanged))
+            pushed = dvc_push(run, unchanged)
             lineage_tags = record_lineage(run, stages, params)
             registration = register_model(params, lineage_tags, pushed, run)
             decision = promote_model(params, registration, run)

@@ -7,14 +7,21 @@ It runs `mlflow server` on the resolved tracking URI (MLFLOW_TRACKING_URI, else
 `tracking.uri`, a relative sqlite path made absolute against the repo root), with new
 experiments' artifacts under `tracking.artifact_location`. When the tracking URI is
 already a server (http[s]://), there is nothing to start: it prints that address.
+
+The server (mlflow, its uvicorn supervisor and worker) runs under `pipelines.group_watchdog`, in a process
+group that stops with `grpoflow ui`: Ctrl-C, SIGTERM (a service manager, `kill`) or even SIGKILL
+leave no server behind holding the port. MLflow's job runner (GenAI jobs) is off unless
+MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
+from typing import Any
 
 from components.config import load_params
 from components.tracking import resolve_artifact_location, resolve_tracking_uri
@@ -35,8 +42,24 @@ def cli_ui(args: argparse.Namespace) -> int:
         return 0
     cmd = server_command(uri, resolve_artifact_location(params, uri), args.host, args.port)
     print(f"MLflow UI for {uri} on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true")}
+    env = {
+        **os.environ,
+        "MLFLOW_DISABLE_TELEMETRY": os.environ.get("MLFLOW_DISABLE_TELEMETRY", "true"),
+        # MLflow's job runner (seven huey consumer processes) serves GenAI jobs (judges, trace rollups),
+        # which training runs do not use; without it the UI starts sooner. Set it to true to have it.
+        "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false"),
+    }
+    guard = subprocess.Popen([sys.executable, "-m", "pipelines.group_watchdog", *cmd], env=env)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return subprocess.run(cmd, env=env).returncode
+        return guard.wait()
     except KeyboardInterrupt:
+        guard.send_signal(signal.SIGTERM)  # the watchdog stops the server's whole process group
+        guard.wait()
         return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the UI the way Ctrl-C does

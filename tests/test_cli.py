@@ -44,3 +44,11 @@ def test_every_handler_resolves():
     for name, p in sub.choices.items():
         module, func = p.get_default("handler").split(":")
         assert callable(getattr(importlib.import_module(module), func)), name
+
+
+def test_schedule_help_says_what_it_does_and_what_stops_it():
+    out = subprocess.run([sys.executable, "-m", "pipelines.cli", "schedule", "--help"], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    text = " ".join(out.split())
+    assert "cron schedule" in text and "PREFECT_API_URL" in text and "temporary server" in text
+    assert "Ctrl-C or SIGTERM stops it" in text

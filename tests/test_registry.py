@@ -82,8 +82,10 @@ def test_register_is_idempotent_loads_back_and_first_version_becomes_champion(re
     decision = gate(params, reg, repo)
     assert decision.decision == "promoted" and "no champion yet" in decision.reason
     assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "1"
-    # A second gate on the same version changes nothing and reports the stored decision.
-    assert gate(params, reg, repo).decision == "promoted"
+    # A second gate on the same version changes nothing and says what is true now, and who decided when.
+    again = gate(params, reg, repo)
+    assert again.decision == "promoted" and again.reason.startswith(f"v1 is champion, decided by run {run_id} on 20")
+    assert "becomes champion" not in again.reason
 
     uri = "models:/grpoflow-policy@champion"
     reqs = Path(mlflow.artifacts.download_artifacts(f"{uri}/requirements.txt")).read_text()

@@ -112,6 +112,26 @@ def test_stage_run_nests_under_parent_and_logs_params(repo, monkeypatch):
     assert exp.artifact_location == (repo / "mlartifacts").as_uri()
 
 
+def test_the_experiment_opens_on_its_training_runs(repo):
+    import mlflow
+
+    from components.tracking import EXPERIMENT_KIND_TAG, configure
+
+    params = load_params()
+    client = mlflow.MlflowClient()
+    exp_id = configure(params)  # created here
+    assert client.get_experiment(exp_id).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    # An existing experiment with no kind, or one MLflow only inferred, gets it; a chosen kind stays.
+    for before, after in [(None, "custom_model_development"), ("genai_development_inferred", "custom_model_development"),
+                          ("genai_development", "genai_development")]:
+        if before is None:
+            client.delete_experiment_tag(exp_id, EXPERIMENT_KIND_TAG)
+        else:
+            client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, before)
+        assert configure(params) == exp_id
+        assert client.get_experiment(exp_id).tags.get(EXPERIMENT_KIND_TAG) == after
+
+
 def test_stage_run_marks_failed_and_reraises(repo):
     import mlflow
 
