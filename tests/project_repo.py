@@ -103,6 +103,8 @@ def pipeline_env(state: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "PYTHONPATH", "PREFECT_API_URL")}
     env.update(PREFECT_HOME=str(state / "prefect"), DVC_SITE_CACHE_DIR=str(state / "dvc-site-cache"),
                HF_HOME=str(state / "hf"), **extra)
+    # dvc.yaml's stage commands run `python` from PATH: this interpreter's, as `make` puts .venv/bin first.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
 
 
