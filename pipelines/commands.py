@@ -1,7 +1,7 @@
 """Handlers of the `grpoflow` subcommands that run the pipeline and move the registry
 (pipelines/cli.py parses the arguments and calls them):
 
-    grpoflow run [-S section.key=value ...]     the training flow here, then its summary
+    grpoflow run [--preset NAME] [-S k=v ...]   the training flow here (a preset: presets/NAME.yaml), then its summary
     grpoflow evaluate --model PATH_OR_URI       one model on GSM8K-style data (pipelines/evaluation.py)
     grpoflow promote NAME VERSION --reason T    force the champion alias onto a version
     grpoflow rollback NAME                      the previous champion back
@@ -35,7 +35,7 @@ def _load_checked(args: argparse.Namespace, root: Path | None = None) -> Any:
 
 
 def cli_run(args: argparse.Namespace) -> int:
-    """`grpoflow run [-S section.key=value ...]`: run the flow here and print a summary."""
+    """`grpoflow run [--preset NAME] [-S section.key=value ...]`: run the flow here and print a summary."""
     from pipelines.runtime import prefect_env_defaults
 
     prefect_env_defaults()
@@ -54,6 +54,10 @@ def _run(args: argparse.Namespace, root: Path) -> int:
     from pipelines.placement import check_placement
     from pipelines.runtime import start_prefect_server
 
+    if getattr(args, "preset", None):
+        from pipelines.presets import overrides
+
+        args.overrides = [*overrides(args.preset, root / "presets"), *args.overrides]  # -S comes last: it wins
     params = _load_checked(args, root)
     check_placement(params, root, resolve_tracking_uri(params, root))
     booting = start_prefect_server()

@@ -13,6 +13,7 @@
                                        first, so compare views lead with it); returns the lineage tags
     failure_recorded(stage, stages, run)   context manager: a failing stage is recorded, then re-raised
     version_tags(lineage, run)         what a registered model version carries from the pipeline run
+                                       (the base model's origin included: lineage.base.*)
     lineage_versions(params)           package versions for the `grpoflow.version.*` tags, vLLM's the one
                                        evaluation uses (its own venv on CPU), not this venv's
 
@@ -27,6 +28,7 @@ found by the md5 of its dvc.lock entry (tag `grpoflow.lock_md5` on stage runs).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -65,6 +67,8 @@ PIPELINE_TAG = f"{TAG_PREFIX}pipeline"
 FLOW_RUN_TAG = f"{TAG_PREFIX}prefect.flow_run_id"
 DVC_LOCK_TAG = f"{TAG_PREFIX}dvc_lock_md5"
 DATA_TAG = f"{TAG_PREFIX}data_sha256."
+BASE_TAG = f"{TAG_PREFIX}base."  # where models/base came from (grpoflow_source.json): name, GGUF sha256, ...
+BASE_SOURCE = "grpoflow_source.json"
 STAGES_TAG = f"{TAG_PREFIX}stages."  # grpoflow.stages.<stage>.status | seconds | run_id
 # On a run found RUNNING whose process is gone: why it was marked KILLED.
 KILLED_TAG = f"{TAG_PREFIX}killed"
@@ -261,6 +265,10 @@ def record(run: PipelineRun, stages: list[StageResult], params: Params | None = 
             tags[f"{STAGES_TAG}{s.stage}.run_id"] = run_id
     client.log_dict(run.run_id, {"stages": [s.as_dict() for s in stages]}, "lineage/stages.json")
     reports = read_metrics(root / params.evaluate.output_dir) if params is not None else {}
+    source = root / (params.model.base_dir if params is not None else "models/base") / BASE_SOURCE
+    if source.is_file():  # the base model's origin: for a GGUF import, the file's sha256
+        for key, value in json.loads(source.read_text()).items():
+            tags[f"{BASE_TAG}{key}"] = str(value)
     for key, value in {**tags, **engine_tags(reports)}.items():
         client.set_tag(run.run_id, key, value)
     if params is not None:
@@ -336,5 +344,5 @@ def version_tags(lineage: dict[str, str], run: PipelineRun) -> dict[str, str]:
 
     tags = {**mlflow.MlflowClient().get_run(run.run_id).data.tags, **lineage}
     wanted = (f"{TAG_PREFIX}git_commit", f"{TAG_PREFIX}git_dirty", FLOW_RUN_TAG, DVC_LOCK_TAG)
-    keep = {k: v for k, v in tags.items() if k in wanted or k.startswith(DATA_TAG)}
+    keep = {k: v for k, v in tags.items() if k in wanted or k.startswith((DATA_TAG, BASE_TAG))}
     return {LINEAGE + k.removeprefix(TAG_PREFIX).replace("prefect.", "prefect_"): v for k, v in keep.items()}

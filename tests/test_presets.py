@@ -1,0 +1,108 @@
+"""Presets (presets/*.yaml, `grpoflow run --preset NAME`): each one loads as valid params and builds
+TRL's SFTConfig and GRPOConfig, its LoRA config and the evaluation settings (nothing downloaded);
+the GPU presets carry what real models need; `-S` given with a preset wins; an unknown preset is
+one line naming the known ones.
+
+    pytest -q tests/test_presets.py
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components import finetune, grpo, scoring, sft
+from components.config import ConfigError, load_params, write_overrides
+from pipelines import presets
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_PRESETS = ["qwen2.5-0.5b-gpu", "qwen2.5-1.5b-gpu", "llama3.2-1b-16gb"]
+PROJECTIONS = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+
+
+def trl_configs(params, gpu_preset: bool):
+    """(SFTConfig, GRPOConfig, sft LoRA, grpo LoRA) as the stages build them. A GPU preset asks for bf16,
+    which TrainingArguments refuses without a GPU unless use_cpu is set: on a machine without one the
+    configs are built with use_cpu=True, every preset value unchanged."""
+    import torch
+    from trl import GRPOConfig, SFTConfig
+
+    if not gpu_preset or torch.cuda.is_available():
+        (sft_args, sft_lora), (grpo_args, grpo_lora) = sft.trainer_settings(params), grpo.trainer_settings(params)
+        return sft_args, grpo_args, sft_lora, grpo_lora
+    sft_args = finetune.build_trl_args(SFTConfig, "sft", params.sft.trainer, output_dir="c", use_cpu=True)
+    grpo_args = finetune.build_trl_args(
+        GRPOConfig, "grpo", params.grpo.trainer, output_dir="c", use_cpu=True, **grpo.recipe(params)
+    )
+    return sft_args, grpo_args, finetune.lora_config("sft", params.sft.lora), finetune.lora_config("grpo", params.grpo.lora)
+
+
+def test_every_preset_is_documented():
+    assert set(presets.names()) == {"smollm2-135m-cpu", *GPU_PRESETS}
+    for name in presets.names():
+        data = presets.read(name)
+        assert data["description"] and data["memory"]
+        assert f"grpoflow run --preset {name}" in (REPO / "presets" / f"{name}.yaml").read_text()
+        assert name in (REPO / "docs" / "training.md").read_text()
+    for name in GPU_PRESETS:  # nobody measured these here: the figure must say so
+        assert "estimate" in presets.read(name)["memory"]
+
+
+def test_cpu_preset_builds_the_real_model_settings():
+    params = load_params(overrides=presets.overrides("smollm2-135m-cpu"), root=REPO)
+    sft_args, grpo_args, sft_lora, grpo_lora = trl_configs(params, gpu_preset=False)
+    assert params.model.name_or_path == "smollm2-135m-instruct"
+    assert set(sft_lora.target_modules) == set(grpo_lora.target_modules) == PROJECTIONS
+    assert not sft_args.bf16 and not grpo_args.bf16  # CPU
+    assert grpo_args.num_generations == 4 and grpo_args.generation_batch_size % 4 == 0
+    settings = scoring.settings_from(params)
+    assert settings.dtype == "float32" and settings.max_new_tokens >= 256
+
+
+@pytest.mark.parametrize("name", GPU_PRESETS)
+def test_gpu_preset_builds_what_real_models_need(name):
+    params = load_params(overrides=presets.overrides(name), root=REPO)
+    sft_args, grpo_args, sft_lora, grpo_lora = trl_configs(params, gpu_preset=True)
+    assert params.data.train_source == params.data.test_source == "hf:openai/gsm8k:main"
+    assert params.model.dtype == "bfloat16" and sft_args.bf16 and grpo_args.bf16
+    assert sft_args.activation_checkpointing and grpo_args.activation_checkpointing
+    assert params.sft.use_lora and params.grpo.use_lora
+    assert set(sft_lora.target_modules) == set(grpo_lora.target_modules) == PROJECTIONS
+    # Completions long enough not to be cut: Qwen2.5-0.5B-Instruct's GSM8K answers have a median near 270 tokens.
+    assert grpo_args.max_completion_length >= 512
+    assert grpo_args.use_vllm and grpo_args.vllm_mode == "colocate" and 0 < grpo_args.vllm_gpu_memory_utilization <= 0.3
+    assert grpo_args.generation_batch_size % grpo_args.num_generations == 0
+    settings = scoring.settings_from(params)
+    assert params.evaluate.protocol == "lm-eval-gsm8k" and settings.max_new_tokens >= 512
+    assert settings.dtype == "bfloat16" and settings.num_samples == 8
+
+
+def test_set_param_given_with_a_preset_wins(tmp_path):
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text((REPO / "params.yaml").read_text())
+    write_overrides(params_file, [*presets.overrides("smollm2-135m-cpu"), "sft.trainer.max_steps=4"])
+    written = yaml.safe_load(params_file.read_text())
+    assert written["sft"]["trainer"]["max_steps"] == 4
+    assert written["sft"]["trainer"]["learning_rate"] == 2.0e-4  # the preset's
+    assert written["sft"]["trainer"]["save_steps"] == 25
+    assert written["model"]["name_or_path"] == "smollm2-135m-instruct"
+    assert "# tiny (offline Qwen2-style model)" in params_file.read_text()  # comments kept
+    assert load_params(params_file, root=tmp_path).sft.trainer["max_steps"] == 4
+
+
+def test_unknown_or_malformed_preset(tmp_path):
+    with pytest.raises(ConfigError, match="no such preset; known: llama3.2-1b-16gb, qwen2.5-0.5b-gpu"):
+        presets.overrides("qwen-7b")
+    (tmp_path / "bad.yaml").write_text("params: [1, 2]\n")
+    with pytest.raises(ConfigError, match="bad.yaml: expected a mapping with a `params:` mapping"):
+        presets.overrides("bad", tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "run", "--preset", "qwen-7b"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --preset 'qwen-7b': no such preset")
+    assert len(proc.stderr.strip().splitlines()) == 1
