@@ -423,7 +423,9 @@ class EvaluateConfig:
     )
     primary_metric: str = _f(
         "accuracy_strict",
-        "Metric whose paired difference is reported at the top of each comparison.json pair (the promotion evidence).",
+        "Metric whose paired difference is reported at the top of each comparison.json pair, and the one the "
+        "promotion gate pairs: accuracy_strict (right and tagged: what a deployment reading the tag gets) or "
+        "accuracy_flexible (right anywhere: correctness alone). The gate's reason states both either way.",
         choices=["accuracy_strict", "accuracy_flexible"],
     )
     log_items_table: bool = _f(True, "Log the per-item results to MLflow as a table (browsable in the UI).")

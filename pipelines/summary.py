@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from components.reports import ACCURACY_CSV, read_comparison, read_metrics
+from components.reports import ACCURACY_CSV, headline, read_comparison, read_metrics
 from components.tracking import ui_address
 from pipelines.lineage import PipelineRun, run_name
 
@@ -70,7 +70,19 @@ def summarize(
         "registration": registration,
         "decision": decision,
         "reports": reports(params),
+        "alpha": params.register.alpha,
     }
+
+
+def headlines(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """One line per compared pair (GRPO vs SFT first): correctness and format stated apart, and in
+    words when strict accuracy rose but correctness did not ("the gain is format, not correctness")."""
+    out = []
+    for pair, c in (s.get("comparison") or {}).items():
+        a, b = pair.split("_vs_", 1)  # the pair's names (its "a"/"b" keys are McNemar counts)
+        fmt = [s["metrics"].get(m, {}).get("format_rate") for m in (a, b)]
+        out.append((f"{a} vs {b}", headline(a, b, c.get("by_metric") or {c.get("metric", ""): c}, *fmt, alpha=s.get("alpha", 0.05))))
+    return out
 
 
 def _temperature(metrics: dict[str, dict[str, Any]]) -> Any:
@@ -132,6 +144,7 @@ def format_summary(s: dict[str, Any]) -> str:
         keys = [k for k in SUMMARY_KEYS if k in m]
         if keys:
             lines.append(f"  eval {model:<6} " + "  ".join(f"{k}={m[k]:.4g}" for k in keys))
+    lines += [f"  {pair}: {text}" for pair, text in headlines(s)]
     lines.append(f"  model: {_model_line(s)}")
     dec = s.get("decision")
     if dec:
@@ -164,10 +177,8 @@ def summary_markdown(s: dict[str, Any]) -> str:
 
             out.append(f"| {model} | {num('accuracy_strict')} | {_ci(m, 'accuracy_strict')} | "
                        f"{num('accuracy_flexible')} | {_ci(m, 'accuracy_flexible')} | {num('format_rate')} | {m.get('n', '')} |")
-    for pair, c in (s.get("comparison") or {}).items():
-        ci = c.get("ci95") or [float("nan"), float("nan")]
-        out += ["", f"**{pair.replace('_vs_', ' vs ')}** ({c.get('metric', '')}, same items): delta {c['delta']:+.3f} "
-                    f"(95% CI {ci[0]:+.3f} to {ci[1]:+.3f}), exact McNemar p = {c['p_value']:.3g}"]
+    for pair, text in headlines(s):
+        out += ["", f"**{pair}** (same items): {text}"]
     out += ["", f"**Model:** {_model_line(s)}"]
     dec = s.get("decision")
     if dec:
