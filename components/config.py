@@ -66,7 +66,10 @@ class DataConfig:
         "(a Hugging Face dataset, e.g. hf:openai/gsm8k:main).",
     )
     test_source: str = _f("synthetic", "Where the test split comes from; same forms as train_source.")
-    output_dir: str = _f("data/processed", "Folder that receives train.jsonl, test.jsonl and stats.json.")
+    output_dir: str = _f(
+        "data/processed",
+        "Folder that receives train.jsonl (demonstrations), grpo.jsonl (GRPO's problems), test.jsonl, stats.json.",
+    )
     synthetic_train_size: int = _f(4000, "Number of synthetic train problems.", ge=1)
     synthetic_test_size: int = _f(600, "Number of synthetic test problems.", ge=1)
     seed: int = _f(1234, "Seed of the synthetic generator (train and test use derived seeds).", ge=0)
@@ -82,6 +85,29 @@ class DataConfig:
         "Largest starting amount and largest amount bought in a synthetic problem (both splits). Smaller: "
         "easier arithmetic, and a tiny model that SFT leaves at a higher accuracy (benchmarks/RESULTS.md).",
         ge=2,
+    )
+    synthetic_test_max_steps: int = _f(
+        0,
+        "Synthetic test problems take 1 to this many steps (0 = synthetic_max_steps): set it to the answer-only "
+        "band's top so that the test split spans the demonstrations' band and the answer-only one.",
+        ge=0,
+        le=6,
+    )
+    synthetic_answer_only_size: int = _f(
+        0,
+        "Synthetic problems made for GRPO with only their final answer (grpo.jsonl), drawn from the harder band "
+        "synthetic_answer_only_min_steps..synthetic_answer_only_max_steps; SFT never sees them (0 = none).",
+        ge=0,
+    )
+    synthetic_answer_only_min_steps: int = _f(2, "Fewest steps of a synthetic answer-only problem.", ge=1, le=6)
+    synthetic_answer_only_max_steps: int = _f(4, "Most steps of a synthetic answer-only problem.", ge=1, le=6)
+    answer_only_share: float = _f(
+        0.0,
+        "Share of the train rows (any source, e.g. jsonl:) whose solution is withheld: drawn with data.seed, they "
+        "leave the demonstrations (train.jsonl) and become answer-only GRPO problems (grpo.jsonl). With no "
+        "answer-only problems at all, grpo.jsonl holds the demonstrations' questions with their answers.",
+        ge=0.0,
+        le=0.99,
     )
     on_bad_rows: str = _f(
         "fail",
@@ -103,6 +129,16 @@ class DataConfig:
                 )
             if src in ("jsonl:", "hf:"):
                 raise ConfigError(f"data.{key}: {src!r} needs a path or dataset name after the colon")
+        if self.synthetic_answer_only_min_steps > self.synthetic_answer_only_max_steps:
+            raise ConfigError(
+                f"data.synthetic_answer_only_min_steps ({self.synthetic_answer_only_min_steps}) is above "
+                f"data.synthetic_answer_only_max_steps ({self.synthetic_answer_only_max_steps})"
+            )
+        if self.synthetic_answer_only_size and self.train_source != "synthetic":
+            raise ConfigError(
+                "data.synthetic_answer_only_size needs data.train_source=synthetic; with another source set "
+                "data.answer_only_share (the share of its train rows whose solution is withheld)"
+            )
 
 
 @dataclass
