@@ -389,6 +389,54 @@ class GRPOConfig:
 
 
 @dataclass
+class SelectConfig:
+    model_dir: str = _f("models/sft", "The model whose pass rates choose GRPO's prompts: the one GRPO starts from.")
+    output_file: str = _f(
+        "data/selected/prompts.jsonl",
+        "The selected prompts (GRPO's training problems) with their pass_rate and greedy_correct.",
+    )
+    metrics_file: str = _f(
+        "reports/train/select.json",
+        "Counts (candidates, kept, never solved, always solved, below/above the band) and seconds (DVC metrics).",
+    )
+    histogram_file: str = _f(
+        "reports/train/select_pass_rates.csv",
+        "Prompts per pass rate (k + 1 rows), with whether that rate is kept: the data of `dvc plots show`.",
+    )
+    max_candidates: int = _f(
+        1200,
+        "Candidates: the first N problems of <data.output_dir>/grpo.jsonl (0 = all). Each costs num_samples "
+        "completions, so this bounds the stage's time.",
+        ge=0,
+    )
+    num_samples: int = _f(
+        8,
+        "Completions sampled per candidate at grpo.temperature, scored by the accuracy reward's checker (the "
+        "right answer in the <answer> tag); 0 = no sampling, every candidate is kept.",
+        ge=0,
+    )
+    keep_unsolved: bool = _f(False, "Keep prompts no sample solved (pass rate 0: a GRPO group without signal).")
+    keep_solved: bool = _f(False, "Keep prompts every sample solved (pass rate 1: a GRPO group without signal).")
+    min_pass_rate: float = _f(0.0, "Keep only pass rates >= this (besides the two flags above).", ge=0.0, le=1.0)
+    max_pass_rate: float = _f(1.0, "Keep only pass rates <= this (besides the two flags above).", ge=0.0, le=1.0)
+    min_prompts: int = _f(
+        100,
+        "Stop with the counts when fewer prompts are kept (and never fewer than one GRPO step's prompts): "
+        "GRPO must not train on (almost) nothing.",
+        ge=1,
+    )
+    max_new_tokens: int = _f(128, "Longest sampled completion in tokens (as grpo.trainer.max_completion_length).", ge=1)
+    backend: str = _f("auto", "auto (vLLM when available, like the evaluate stage) | vllm | transformers.",
+                      choices=["auto", "vllm", "transformers"])
+    seed: int = _f(0, "Seed of the sampled completions.", ge=0)
+
+    def __post_init__(self) -> None:
+        if self.min_pass_rate > self.max_pass_rate:
+            raise ConfigError(f"select.min_pass_rate ({self.min_pass_rate}) is above select.max_pass_rate "
+                              f"({self.max_pass_rate}): no pass rate is in the band")
+
+
+@dataclass
 class RewardsConfig:
     funcs: list[str] = _f(
         ["seed_combined"],
@@ -561,6 +609,7 @@ class PlacementConfig:
     data: str = _placement("data")
     model: str = _placement("model")
     sft: str = _placement("sft")
+    select: str = _placement("select")
     grpo: str = _placement("grpo")
     evaluate: str = _placement("evaluate")
 
@@ -569,6 +618,7 @@ SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "model": ModelConfig,
     "sft": SFTConfig,
+    "select": SelectConfig,
     "grpo": GRPOConfig,
     "rewards": RewardsConfig,
     "evaluate": EvaluateConfig,
@@ -583,6 +633,7 @@ class Params:
     data: DataConfig
     model: ModelConfig
     sft: SFTConfig
+    select: SelectConfig
     grpo: GRPOConfig
     rewards: RewardsConfig
     evaluate: EvaluateConfig

@@ -1,7 +1,7 @@
 """GRPO (DVC stage `grpo`): TRL's GRPOTrainer from the SFT model, with the rewards named in params.
 
-Reads `grpo.init_dir` (default `models/sft`) and `<data.output_dir>/grpo.jsonl` (its problems,
-answer-only or the demonstrations' questions: components/data.py); writes
+Reads `grpo.init_dir` (default `models/sft`) and `select.output_file` (its problems: those of
+`<data.output_dir>/grpo.jsonl` the select stage kept, components/select.py); writes
 `grpo.output_dir` (default `models/grpo`), a standard model folder, and
 `grpo.metrics_file` (default `reports/train/grpo.json`) with the per-step history beside it
 (`grpo.history_file`: loss, reward per function, reward std, KL, completion length,
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from components.config import Params, stage_main
-from components.errors import ConfigError
+from components.errors import ConfigError, InputError
 
 STAGE = "grpo"
 _NOT_TRAINING = (
@@ -144,7 +144,10 @@ def run(params: Params) -> Path:
         reward_funcs, weights = build_rewards(params.rewards)
     except ValueError as exc:
         raise ConfigError(f"rewards: {exc}") from None
-    rows = read_split(data_dir / "grpo.jsonl")  # GRPO's problems: the reward needs only `gold`
+    prompts = Path(params.select.output_file)  # the select stage's choice of grpo.jsonl's problems
+    if not prompts.is_file():
+        raise InputError(f"{prompts}: GRPO's selected prompts are missing; run `dvc repro select` first")
+    rows = read_split(prompts)  # the reward needs only `gold`
     samples = read_split(data_dir / "test.jsonl", limit=cfg.sample_size) if cfg.sample_size else []
 
     model, tokenizer = modelio.load_model_and_tokenizer(cfg.init_dir, params.model)
@@ -154,7 +157,7 @@ def run(params: Params) -> Path:
             "gold": [r["gold"] for r in rows],  # the rewards read this column
         }
     )
-    fp = finetune.fingerprint(STAGE, training_settings(params), [data_dir / "grpo.jsonl", cfg.init_dir])
+    fp = finetune.fingerprint(STAGE, training_settings(params), [prompts, cfg.init_dir])
     checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, STAGE)
 
     monitor = signal_monitor.SignalMonitor(

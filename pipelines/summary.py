@@ -101,8 +101,8 @@ def reports(params: Any) -> dict[str, list[str]]:
     models = ["base", "sft", "grpo"] if params.evaluate.include_base else ["sft", "grpo"]
     out: dict[str, list[str]] = {ev: [*(f"{m}.json" for m in models), "comparison.json", ACCURACY_CSV,
                                       *(f"{m}.items.jsonl" for m in models)]}
-    for section in (params.sft, params.grpo):
-        for path in (section.metrics_file, section.history_file):
+    for section in (params.sft, params.select, params.grpo):
+        for path in (section.metrics_file, getattr(section, "history_file", None) or section.histogram_file):
             folder, name = str(Path(path).parent), Path(path).name
             out.setdefault(folder, []).append(name)
     return out

@@ -17,10 +17,14 @@ from tests.slow.test_grpo_gain import TINY
 
 pytestmark = pytest.mark.slow
 
+# A 4-step SFT model solves nothing: keep the unsolved prompts so that GRPO has some.
+SELECT = ["select.num_samples=2", "select.keep_unsolved=true", "select.min_prompts=1",
+          "select.max_new_tokens=16", "select.backend=transformers"]
+
 
 def test_seeds_run_the_recipe_per_data_seed_and_pool_the_items(tmp_path, capsys):
     keep = tmp_path / "gain"
-    assert grpo_gain.main([*(a for o in TINY for a in ("-S", o)), "--seeds", "11,12", "--k", "2",
+    assert grpo_gain.main([*(a for o in [*TINY, *SELECT] for a in ("-S", o)), "--seeds", "11,12", "--k", "2",
                            "--sample-items", "4", "--keep", str(keep)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert [r["seed"] for r in result["seeds"]] == [11, 12]
@@ -29,7 +33,9 @@ def test_seeds_run_the_recipe_per_data_seed_and_pool_the_items(tmp_path, capsys)
                     "training_seconds", "sft_sampled_accuracy", "grpo_sampled_accuracy", "sft_pass_at_k",
                     "grpo_pass_at_k"):
             assert key in run, key
-        assert run["n"] == 8 and run["training_seconds"] > 0
+        assert run["n"] == 8
+        parts = run["sft_seconds"] + run["select_seconds"] + run["grpo_seconds"]
+        assert run["training_seconds"] == pytest.approx(parts, abs=0.2)
     # each seed ran in its own folder on its own data
     tests = [(keep / f"seed-{s}" / "data" / "processed" / "test.jsonl").read_text() for s in (11, 12)]
     assert tests[0] != tests[1]
