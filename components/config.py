@@ -295,6 +295,22 @@ class SFTConfig:
         le=1.0,
     )
     demo_seed: int = _f(0, "Seed that picks which demonstrations are untagged or wrong.", ge=0)
+    dev_size: int = _f(
+        0,
+        "Demonstrations held out of SFT (the last N rows of train.jsonl) as a dev split: every dev_every steps "
+        "the model answers them greedily and dev_accuracy (flexible: the answer is right) joins the history "
+        "(the SFT curve). 0 = no dev split.",
+        ge=0,
+    )
+    dev_every: int = _f(250, "Steps between two dev accuracy measurements (and at the last step).", ge=1)
+    dev_max_new_tokens: int = _f(256, "Longest greedy answer to a dev problem, in tokens.", ge=1)
+    plateau_patience: int = _f(
+        0,
+        "Stop SFT once dev_accuracy has not risen by plateau_min_delta over its best for this many "
+        "measurements in a row: SFT trained to its plateau, as GRPO should start from. 0 = train max_steps.",
+        ge=0,
+    )
+    plateau_min_delta: float = _f(0.01, "Smallest rise of dev_accuracy that counts as progress.", ge=0.0)
     sample_size: int = _sample_size()
     use_lora: bool = _use_lora()
     lora: dict[str, Any] = _lora()
@@ -304,6 +320,8 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         _check_trainer_keys("sft", self.trainer, _STAGE_OWNED_TRAINER_KEYS)
+        if self.plateau_patience and not self.dev_size:
+            raise ConfigError("sft.plateau_patience needs a dev split to watch: set sft.dev_size (e.g. 200)")
 
 
 @dataclass
