@@ -429,9 +429,15 @@ class SelectConfig:
     )
     num_samples: int = _f(
         8,
-        "Completions sampled per candidate at grpo.temperature, scored by the accuracy reward's checker (the "
-        "right answer in the <answer> tag); 0 = no sampling, every candidate is kept.",
+        "Completions sampled per candidate at grpo.temperature, scored by the shared checker "
+        "(components/gsm8k.py, in select.mode); 0 = no sampling, every candidate is kept.",
         ge=0,
+    )
+    mode: str = _f(
+        "flexible",
+        "What a sample must get to pass: 'flexible' (the right answer: correctness, whatever the format) or "
+        "'strict' (the right answer in the <answer> tag, what the accuracy reward pays).",
+        choices=["flexible", "strict"],
     )
     keep_unsolved: bool = _f(False, "Keep prompts no sample solved (pass rate 0: a GRPO group without signal).")
     keep_solved: bool = _f(False, "Keep prompts every sample solved (pass rate 1: a GRPO group without signal).")

@@ -5,9 +5,10 @@ A GRPO group whose completions all earn the same reward has zero advantage: no l
 For a prompt the model never solves, or always solves, that is every group. This stage samples
 `select.num_samples` (k) completions per candidate from `select.model_dir` (the SFT model GRPO
 starts from) at `grpo.temperature`, on vLLM where available (components/generation.py, as the
-evaluate stage), scores them with the accuracy reward's checker (components/gsm8k.py: the right
-answer in the `<answer>` tag) and keeps the prompts whose pass rate is in the band: by default
-0 < p < 1, some but not all samples right (`select.keep_unsolved`, `select.keep_solved`,
+evaluate stage), scores them with the shared checker (components/gsm8k.py; `select.mode`:
+flexible = the right answer, strict = the right answer in the `<answer>` tag, what the accuracy
+reward pays) and keeps the prompts whose pass rate is in the band: by default 0 < p < 1, some but
+not all samples right (`select.keep_unsolved`, `select.keep_solved`,
 `select.min_pass_rate`, `select.max_pass_rate`).
 
 Candidates are the first `select.max_candidates` problems of `<data.output_dir>/grpo.jsonl`.
@@ -110,9 +111,9 @@ def pass_rates(params: Params, rows: list[dict[str, str]]) -> tuple[list[float],
         vllm_args=dict(params.evaluate.vllm_args),
     )
     gen = generate(cfg.model_dir, prompts, settings, cfg.backend, tokenizer=tokenizer)
-    rates = [sum(gsm8k.is_correct(s, r["gold"]) for s in samples) / len(samples)
+    rates = [sum(gsm8k.is_correct(s, r["gold"], cfg.mode) for s in samples) / len(samples)
              for samples, r in zip(gen.samples, rows, strict=True)]
-    greedy = [gsm8k.is_correct(c, r["gold"]) for c, r in zip(gen.completions, rows, strict=True)]
+    greedy = [gsm8k.is_correct(c, r["gold"], cfg.mode) for c, r in zip(gen.completions, rows, strict=True)]
     return rates, greedy, gen.backend
 
 

@@ -49,6 +49,7 @@ def params(root: Path, *extra: str):
         "select.backend=transformers",
         "select.num_samples=2",
         "select.max_new_tokens=8",
+        "select.mode=strict",  # an untrained model never tags an answer (its last number may match by chance)
         "grpo.num_generations=4",
         "grpo.trainer.per_device_train_batch_size=8",
         *extra,
@@ -63,7 +64,7 @@ def test_a_model_that_solves_nothing_stops_the_stage_with_the_counts(workspace, 
     shutil.rmtree(workspace / "data/selected", ignore_errors=True)
     overrides = [f"data.output_dir={workspace / 'data/processed'}", f"select.model_dir={workspace / 'models/sft'}",
                  f"select.output_file={workspace / 'data/selected/prompts.jsonl'}", "select.backend=transformers",
-                 "select.num_samples=2", "select.max_new_tokens=8", "select.min_prompts=5"]
+                 "select.num_samples=2", "select.max_new_tokens=8", "select.min_prompts=5", "select.mode=strict"]
     assert select.main([a for o in overrides for a in ("-S", o)]) == 2
     msg = capsys.readouterr().err.strip().splitlines()[-1]
     assert msg.startswith("error: select kept 0 of 24 prompts (never solved 24, always solved 0")
