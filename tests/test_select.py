@@ -14,7 +14,7 @@ import pytest
 
 from components import select
 from components.config import DataConfig, ModelConfig, SelectConfig, load_params
-from components.errors import ConfigError, DataError
+from components.errors import ConfigError
 
 TINY = dict(tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=128)
 
