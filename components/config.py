@@ -960,9 +960,12 @@ _TRAINER_NUMBERS = (
 )
 REMOTE_OVERRIDES = (
     "data.seed", "data.synthetic_*", "data.max_train_rows", "data.max_test_rows", "data.on_bad_rows",
+    "data.answer_only_share",
     "data.train_source", "data.test_source",  # synthetic or hf:NAME only
     "model.name_or_path", "model.revision", "model.dtype", "model.seed", "model.tiny_*",
-    "sft.resume", "sft.demo_*", "sft.sample_size", "sft.use_lora", "sft.lora.*",
+    "sft.resume", "sft.demo_*", "sft.dev_*", "sft.plateau_*", "sft.sample_size", "sft.use_lora", "sft.lora.*",
+    "select.max_candidates", "select.num_samples", "select.mode", "select.keep_*", "select.min_pass_rate",
+    "select.max_pass_rate", "select.min_prompts", "select.max_new_tokens", "select.backend", "select.seed",
     *(f"sft.trainer.{k}" for k in _TRAINER_NUMBERS),
     "grpo.resume", "grpo.num_generations", "grpo.temperature", "grpo.beta", "grpo.epsilon", "grpo.loss_type",
     "grpo.scale_rewards", "grpo.num_iterations", "grpo.sample_size", "grpo.use_lora", "grpo.lora.*",
