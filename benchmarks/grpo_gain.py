@@ -1,7 +1,7 @@
 """Does GRPO beat its SFT warm start on the embedded defaults? Measured side by side in one run.
 
 Runs, in a fresh temporary folder and with the default params.yaml (plus any `-S`
-overrides), the stages data -> model -> sft -> select -> grpo as `python -m components.<stage>`
+overrides), the stages data -> model -> sft -> selection -> grpo as `python -m components.<stage>`
 (what `dvc repro` runs), timing SFT, the prompt selection and GRPO; then evaluates both models greedily on the
 whole test split with the evaluate stage's own code (transformers backend, the training
 prompt) and compares them on the same items (exact McNemar test). Prints one JSON object:
@@ -13,8 +13,8 @@ prompt) and compares them on the same items (exact McNemar test). Prints one JSO
   flexible                                                 {delta, ci95, p_value} of accuracy_flexible
   seed                                                     data.seed of the run
   sft_seconds, grpo_seconds, total_train_seconds           wall time of each stage process
-  select_seconds, select_cpu_seconds                       the select stage (GRPO's prompts by pass rate)
-  training_seconds                                         SFT + select + GRPO wall seconds (the budget)
+  selection_seconds, selection_cpu_seconds                       the selection stage (GRPO's prompts by pass rate)
+  training_seconds                                         SFT + selection + GRPO wall seconds (the budget)
   sft_cpu_seconds, grpo_cpu_seconds                        CPU time (less sensitive to a busy machine)
   k, sampled_items                                         k samples per item at grpo.temperature (--k,
                                                            default evaluate.num_samples) on the first
@@ -26,7 +26,7 @@ prompt) and compares them on the same items (exact McNemar test). Prints one JSO
                                                            whose rewards are all equal (no signal)
   sft_continued_accuracy_flexible (+ sft_continued_accuracy, the control: models/sft trained further
   sft_continued_steps, sft_continued_seconds,              with the SFT recipe for as many steps as fit
-  flexible_vs_continued)                                   in select + GRPO's wall seconds at SFT's measured
+  flexible_vs_continued)                                   in selection + GRPO's wall seconds at SFT's measured
                                                            speed, greedy; paired GRPO - continued
                                                            (--no-control: off)
 
@@ -177,7 +177,7 @@ def reports(workdir: Path, overrides: list[str]):
 def continue_sft(workdir: Path, overrides: list[str], env: dict[str, str], rl_seconds: float) -> dict:
     """The same-compute control: models/sft trained further with the SFT recipe (the same
     demonstrations, train.jsonl, never the answer-only problems; the lr schedule restarted over the
-    new steps) for as many steps as fit in the RL side's wall seconds (select + grpo stage processes,
+    new steps) for as many steps as fit in the RL side's wall seconds (selection + grpo stage processes,
     `rl_seconds`) at the first SFT process's speed. Writes models/sft_continued and its own reports
     beside the first run's."""
     params = reports(workdir, overrides)
@@ -221,7 +221,7 @@ def pooled(per_seed: list[list[tuple[bool, bool]]]) -> dict:
 
 
 def run_recipe(workdir: Path, overrides: list[str], args: argparse.Namespace) -> dict:
-    """The whole recipe once in `workdir` (data -> model -> sft -> select -> grpo, the control, the evaluation);
+    """The whole recipe once in `workdir` (data -> model -> sft -> selection -> grpo, the control, the evaluation);
     the single-run JSON object, with the paired flexible items under `_paired_flexible`."""
     workdir.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "params.yaml", workdir / "params.yaml")
@@ -236,9 +236,9 @@ def run_recipe(workdir: Path, overrides: list[str], args: argparse.Namespace) ->
     run_stage(workdir, "data", overrides, env)
     run_stage(workdir, "model", overrides, env)
     sft_s, sft_cpu = run_stage(workdir, "sft", overrides, env)
-    select_s, select_cpu = run_stage(workdir, "select", overrides, env)
+    selection_s, selection_cpu = run_stage(workdir, "selection", overrides, env)
     grpo_s, grpo_cpu = run_stage(workdir, "grpo", overrides, env)
-    control = {} if args.no_control else continue_sft(workdir, overrides, env, select_s + grpo_s)
+    control = {} if args.no_control else continue_sft(workdir, overrides, env, selection_s + grpo_s)
     k = reports(workdir, overrides).evaluate.num_samples if args.k is None else args.k
     result = evaluate(workdir, overrides, k, args.sample_items, not args.no_control)
     result.update(control)
@@ -247,12 +247,12 @@ def run_recipe(workdir: Path, overrides: list[str], args: argparse.Namespace) ->
         {
             "seed": reports(workdir, overrides).data.seed,
             "sft_seconds": round(sft_s, 1),
-            "select_seconds": round(select_s, 1),
+            "selection_seconds": round(selection_s, 1),
             "grpo_seconds": round(grpo_s, 1),
             "total_train_seconds": round(sft_s + grpo_s, 1),
-            "training_seconds": round(sft_s + select_s + grpo_s, 1),
+            "training_seconds": round(sft_s + selection_s + grpo_s, 1),
             "sft_cpu_seconds": round(sft_cpu, 1),
-            "select_cpu_seconds": round(select_cpu, 1),
+            "selection_cpu_seconds": round(selection_cpu, 1),
             "grpo_cpu_seconds": round(grpo_cpu, 1),
             "cpu_count": os.cpu_count(),
             "load_average_1m": round(os.getloadavg()[0], 2),

@@ -407,18 +407,18 @@ class GRPOConfig:
 
 
 @dataclass
-class SelectConfig:
+class SelectionConfig:
     model_dir: str = _f("models/sft", "The model whose pass rates choose GRPO's prompts: the one GRPO starts from.")
     output_file: str = _f(
         "data/selected/prompts.jsonl",
         "The selected prompts (GRPO's training problems) with their pass_rate and greedy_correct.",
     )
     metrics_file: str = _f(
-        "reports/train/select.json",
+        "reports/train/selection.json",
         "Counts (candidates, kept, never solved, always solved, below/above the band) and seconds (DVC metrics).",
     )
     histogram_file: str = _f(
-        "reports/train/select_pass_rates.csv",
+        "reports/train/selection_pass_rates.csv",
         "Prompts per pass rate (k + 1 rows), with whether that rate is kept: the data of `dvc plots show`.",
     )
     max_candidates: int = _f(
@@ -430,7 +430,7 @@ class SelectConfig:
     num_samples: int = _f(
         8,
         "Completions sampled per candidate at grpo.temperature, scored by the shared checker "
-        "(components/gsm8k.py, in select.mode); 0 = no sampling, every candidate is kept.",
+        "(components/gsm8k.py, in selection.mode); 0 = no sampling, every candidate is kept.",
         ge=0,
     )
     mode: str = _f(
@@ -456,7 +456,7 @@ class SelectConfig:
 
     def __post_init__(self) -> None:
         if self.min_pass_rate > self.max_pass_rate:
-            raise ConfigError(f"select.min_pass_rate ({self.min_pass_rate}) is above select.max_pass_rate "
+            raise ConfigError(f"selection.min_pass_rate ({self.min_pass_rate}) is above selection.max_pass_rate "
                               f"({self.max_pass_rate}): no pass rate is in the band")
 
 
@@ -633,7 +633,7 @@ class PlacementConfig:
     data: str = _placement("data")
     model: str = _placement("model")
     sft: str = _placement("sft")
-    select: str = _placement("select")
+    selection: str = _placement("selection")
     grpo: str = _placement("grpo")
     evaluate: str = _placement("evaluate")
 
@@ -642,7 +642,7 @@ SECTIONS: dict[str, type] = {
     "data": DataConfig,
     "model": ModelConfig,
     "sft": SFTConfig,
-    "select": SelectConfig,
+    "selection": SelectionConfig,
     "grpo": GRPOConfig,
     "rewards": RewardsConfig,
     "evaluate": EvaluateConfig,
@@ -657,7 +657,7 @@ class Params:
     data: DataConfig
     model: ModelConfig
     sft: SFTConfig
-    select: SelectConfig
+    selection: SelectionConfig
     grpo: GRPOConfig
     rewards: RewardsConfig
     evaluate: EvaluateConfig
@@ -964,8 +964,8 @@ REMOTE_OVERRIDES = (
     "data.train_source", "data.test_source",  # synthetic or hf:NAME only
     "model.name_or_path", "model.revision", "model.dtype", "model.seed", "model.tiny_*",
     "sft.resume", "sft.demo_*", "sft.dev_*", "sft.plateau_*", "sft.sample_size", "sft.use_lora", "sft.lora.*",
-    "select.max_candidates", "select.num_samples", "select.mode", "select.keep_*", "select.min_pass_rate",
-    "select.max_pass_rate", "select.min_prompts", "select.max_new_tokens", "select.backend", "select.seed",
+    "selection.max_candidates", "selection.num_samples", "selection.mode", "selection.keep_*", "selection.min_pass_rate",
+    "selection.max_pass_rate", "selection.min_prompts", "selection.max_new_tokens", "selection.backend", "selection.seed",
     *(f"sft.trainer.{k}" for k in _TRAINER_NUMBERS),
     "grpo.resume", "grpo.num_generations", "grpo.temperature", "grpo.beta", "grpo.epsilon", "grpo.loss_type",
     "grpo.scale_rewards", "grpo.num_iterations", "grpo.sample_size", "grpo.use_lora", "grpo.lora.*",

@@ -1,7 +1,7 @@
 """GRPO (DVC stage `grpo`): TRL's GRPOTrainer from the SFT model, with the rewards named in params.
 
-Reads `grpo.init_dir` (default `models/sft`) and `select.output_file` (its problems: those of
-`<data.output_dir>/grpo.jsonl` the select stage kept, components/select.py); writes
+Reads `grpo.init_dir` (default `models/sft`) and `selection.output_file` (its problems: those of
+`<data.output_dir>/grpo.jsonl` the selection stage kept, components/selection.py); writes
 `grpo.output_dir` (default `models/grpo`), a standard model folder, and
 `grpo.metrics_file` (default `reports/train/grpo.json`) with the per-step history beside it
 (`grpo.history_file`: loss, reward per function, reward std, KL, completion length,
@@ -144,9 +144,9 @@ def run(params: Params) -> Path:
         reward_funcs, weights = build_rewards(params.rewards)
     except ValueError as exc:
         raise ConfigError(f"rewards: {exc}") from None
-    prompts = Path(params.select.output_file)  # the select stage's choice of grpo.jsonl's problems
+    prompts = Path(params.selection.output_file)  # the selection stage's choice of grpo.jsonl's problems
     if not prompts.is_file():
-        raise InputError(f"{prompts}: GRPO's selected prompts are missing; run `dvc repro select` first")
+        raise InputError(f"{prompts}: GRPO's selected prompts are missing; run `dvc repro selection` first")
     rows = read_split(prompts)  # the reward needs only `gold`
     samples = read_split(data_dir / "test.jsonl", limit=cfg.sample_size) if cfg.sample_size else []
 

@@ -101,7 +101,7 @@ def reports(params: Any) -> dict[str, list[str]]:
     models = ["base", "sft", "grpo"] if params.evaluate.include_base else ["sft", "grpo"]
     out: dict[str, list[str]] = {ev: [*(f"{m}.json" for m in models), "comparison.json", ACCURACY_CSV,
                                       *(f"{m}.items.jsonl" for m in models)]}
-    for section in (params.sft, params.select, params.grpo):
+    for section in (params.sft, params.selection, params.grpo):
         for path in (section.metrics_file, getattr(section, "history_file", None) or section.histogram_file):
             folder, name = str(Path(path).parent), Path(path).name
             out.setdefault(folder, []).append(name)

@@ -29,7 +29,7 @@ from tests.servers import free_port, served
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"
 BIN = Path(sys.executable).parent
-GPU_STAGES = {"sft", "select", "grpo", "evaluate"}
+GPU_STAGES = {"sft", "selection", "grpo", "evaluate"}
 
 
 def run(cmd: list[str], timeout: float = 180, **kw) -> subprocess.CompletedProcess:

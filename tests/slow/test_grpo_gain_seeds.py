@@ -18,8 +18,8 @@ from tests.slow.test_grpo_gain import TINY
 pytestmark = pytest.mark.slow
 
 # A 4-step SFT model solves nothing: keep the unsolved prompts so that GRPO has some.
-SELECT = ["select.num_samples=2", "select.keep_unsolved=true", "select.min_prompts=1",
-          "select.max_new_tokens=16", "select.backend=transformers"]
+SELECT = ["selection.num_samples=2", "selection.keep_unsolved=true", "selection.min_prompts=1",
+          "selection.max_new_tokens=16", "selection.backend=transformers"]
 
 
 def test_seeds_run_the_recipe_per_data_seed_and_pool_the_items(tmp_path, capsys):
@@ -34,7 +34,7 @@ def test_seeds_run_the_recipe_per_data_seed_and_pool_the_items(tmp_path, capsys)
                     "grpo_pass_at_k"):
             assert key in run, key
         assert run["n"] == 8
-        parts = run["sft_seconds"] + run["select_seconds"] + run["grpo_seconds"]
+        parts = run["sft_seconds"] + run["selection_seconds"] + run["grpo_seconds"]
         assert run["training_seconds"] == pytest.approx(parts, abs=0.2)
     # each seed ran in its own folder on its own data
     tests = [(keep / f"seed-{s}" / "data" / "processed" / "test.jsonl").read_text() for s in (11, 12)]

@@ -1,28 +1,28 @@
-"""Stage `select`: the prompts GRPO trains on, chosen by the SFT model's pass rate (offline dynamic
+"""Stage `selection`: the prompts GRPO trains on, chosen by the SFT model's pass rate (offline dynamic
 sampling, as in DAPO; TRL's GRPOTrainer does not offer it).
 
 A GRPO group whose completions all earn the same reward has zero advantage: no learning signal.
 For a prompt the model never solves, or always solves, that is every group. This stage samples
-`select.num_samples` (k) completions per candidate from `select.model_dir` (the SFT model GRPO
+`selection.num_samples` (k) completions per candidate from `selection.model_dir` (the SFT model GRPO
 starts from) at `grpo.temperature`, on vLLM where available (components/generation.py, as the
-evaluate stage), scores them with the shared checker (components/gsm8k.py; `select.mode`:
+evaluate stage), scores them with the shared checker (components/gsm8k.py; `selection.mode`:
 flexible = the right answer, strict = the right answer in the `<answer>` tag, what the accuracy
 reward pays) and keeps the prompts whose pass rate is in the band: by default 0 < p < 1, some but
-not all samples right (`select.keep_unsolved`, `select.keep_solved`,
-`select.min_pass_rate`, `select.max_pass_rate`).
+not all samples right (`selection.keep_unsolved`, `selection.keep_solved`,
+`selection.min_pass_rate`, `selection.max_pass_rate`).
 
-Candidates are the first `select.max_candidates` problems of `<data.output_dir>/grpo.jsonl`.
+Candidates are the first `selection.max_candidates` problems of `<data.output_dir>/grpo.jsonl`.
 Writes, each atomically:
-- `select.output_file`: the kept problems with `pass_rate` and `greedy_correct` (GRPO reads it);
-- `select.metrics_file`: candidates, kept, never_solved, always_solved, below/above the band,
+- `selection.output_file`: the kept problems with `pass_rate` and `greedy_correct` (GRPO reads it);
+- `selection.metrics_file`: candidates, kept, never_solved, always_solved, below/above the band,
   mean pass rate, seconds (DVC metrics);
-- `select.histogram_file`: prompts per pass rate, and whether the band keeps it (DVC plot data;
-  the same histogram is the MLflow figure `select/pass_rates.png`).
-If fewer than `select.min_prompts` prompts (or one GRPO step's) are kept, the stage stops with the
+- `selection.histogram_file`: prompts per pass rate, and whether the band keeps it (DVC plot data;
+  the same histogram is the MLflow figure `selection/pass_rates.png`).
+If fewer than `selection.min_prompts` prompts (or one GRPO step's) are kept, the stage stops with the
 counts and the params to turn, and writes nothing: GRPO never trains on (almost) nothing.
 
-    python -m components.select
-    python -m components.select -S select.keep_unsolved=true -S select.max_candidates=400
+    python -m components.selection
+    python -m components.selection -S selection.keep_unsolved=true -S selection.max_candidates=400
 """
 
 from __future__ import annotations
@@ -36,16 +36,16 @@ from typing import Any
 from components.config import Params, stage_main
 from components.errors import DataError
 
-STAGE = "select"
+STAGE = "selection"
 
 
 def in_band(rate: float, cfg: Any) -> bool:
     """Whether a prompt with this pass rate is kept.
 
-    >>> from components.config import SelectConfig
-    >>> [in_band(p, SelectConfig()) for p in (0.0, 0.125, 0.875, 1.0)]
+    >>> from components.config import SelectionConfig
+    >>> [in_band(p, SelectionConfig()) for p in (0.0, 0.125, 0.875, 1.0)]
     [False, True, True, False]
-    >>> [in_band(p, SelectConfig(keep_unsolved=True, max_pass_rate=0.5)) for p in (0.0, 0.5, 0.625)]
+    >>> [in_band(p, SelectionConfig(keep_unsolved=True, max_pass_rate=0.5)) for p in (0.0, 0.5, 0.625)]
     [True, True, False]
     """
     if rate == 0.0 and not cfg.keep_unsolved:
@@ -86,8 +86,8 @@ def count(rates: list[float | None], kept: list[bool], k: int) -> dict[str, Any]
 def histogram(rates: list[float | None], k: int, cfg: Any) -> list[dict[str, Any]]:
     """Prompts per pass rate (0, 1/k, ..., 1) and whether the band keeps that rate.
 
-    >>> from components.config import SelectConfig
-    >>> histogram([0.0, 0.5, 0.5], 2, SelectConfig())
+    >>> from components.config import SelectionConfig
+    >>> histogram([0.0, 0.5, 0.5], 2, SelectionConfig())
     [{'pass_rate': 0.0, 'prompts': 1, 'kept': False}, {'pass_rate': 0.5, 'prompts': 2, 'kept': True}, {'pass_rate': 1.0, 'prompts': 0, 'kept': False}]
     """
     if not k:
@@ -102,7 +102,7 @@ def pass_rates(params: Params, rows: list[dict[str, str]]) -> tuple[list[float],
     from components.generation import GenerationSettings, generate
     from components.modelio import load_tokenizer
 
-    cfg = params.select
+    cfg = params.selection
     tokenizer = load_tokenizer(cfg.model_dir)
     prompts = [gsm8k.render_prompt(r["question"], tokenizer) for r in rows]
     settings = GenerationSettings(
@@ -119,11 +119,11 @@ def pass_rates(params: Params, rows: list[dict[str, str]]) -> tuple[list[float],
 
 def too_few(counts: dict[str, Any], needed: int, per_step: int) -> str:
     return (
-        f"select kept {counts['kept']} of {counts['candidates']} prompts (never solved {counts['never_solved']}, "
+        f"selection kept {counts['kept']} of {counts['candidates']} prompts (never solved {counts['never_solved']}, "
         f"always solved {counts['always_solved']}, in between but outside the band {counts['dropped_in_between']}); "
-        f"GRPO needs at least {needed} (select.min_prompts, and one step's {per_step}). Widen the band "
-        "(select.keep_unsolved=true, select.min_pass_rate / max_pass_rate), raise select.max_candidates or "
-        "select.num_samples, or lower select.min_prompts"
+        f"GRPO needs at least {needed} (selection.min_prompts, and one step's {per_step}). Widen the band "
+        "(selection.keep_unsolved=true, selection.min_pass_rate / max_pass_rate), raise selection.max_candidates or "
+        "selection.num_samples, or lower selection.min_prompts"
     )
 
 
@@ -133,7 +133,7 @@ def run(params: Params) -> dict[str, Any]:
     from components.modelio import require_model_dir
     from components.sources import read_split
 
-    cfg = params.select
+    cfg = params.selection
     require_model_dir(cfg.model_dir, "SFT model", "sft")
     rows = read_split(Path(params.data.output_dir) / "grpo.jsonl", limit=cfg.max_candidates or None)
     start = time.monotonic()
@@ -185,13 +185,13 @@ def run_tracked(params: Params) -> dict[str, Any]:
         out = run(params)
         m = out["metrics"]
         mlflow.log_metrics({k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
-        mlflow.log_artifact(params.select.histogram_file, artifact_path=STAGE)
+        mlflow.log_artifact(params.selection.histogram_file, artifact_path=STAGE)
         if out["histogram"]:
-            fig = histogram_figure(out["histogram"], params.select.num_samples)
+            fig = histogram_figure(out["histogram"], params.selection.num_samples)
             mlflow.log_figure(fig, f"{STAGE}/pass_rates.png")
     print(
-        f"select: kept {m['kept']} of {m['candidates']} prompts (never solved {m['never_solved']}, always solved "
-        f"{m['always_solved']}) -> {params.select.output_file} ({m['seconds']} s, {m['backend']})"
+        f"selection: kept {m['kept']} of {m['candidates']} prompts (never solved {m['never_solved']}, always solved "
+        f"{m['always_solved']}) -> {params.selection.output_file} ({m['seconds']} s, {m['backend']})"
     )
     return out
 
