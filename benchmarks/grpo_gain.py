@@ -1,8 +1,8 @@
 """Does GRPO beat its SFT warm start on the embedded defaults? Measured side by side in one run.
 
 Runs, in a fresh temporary folder and with the default params.yaml (plus any `-S`
-overrides), the stages data -> model -> sft -> grpo as `python -m components.<stage>`
-(what `dvc repro` runs), timing SFT and GRPO; then evaluates both models greedily on the
+overrides), the stages data -> model -> sft -> selection -> grpo as `python -m components.<stage>`
+(what `dvc repro` runs), timing SFT, the prompt selection and GRPO; then evaluates both models greedily on the
 whole test split with the evaluate stage's own code (transformers backend, the training
 prompt) and compares them on the same items (exact McNemar test). Prints one JSON object:
 
@@ -11,7 +11,10 @@ prompt) and compares them on the same items (exact McNemar test). Prints one JSO
   sft_accuracy_in_format, grpo_accuracy_in_format          accuracy among well-formed ones
   sft_accuracy_flexible, grpo_accuracy_flexible            last number in the text
   flexible                                                 {delta, ci95, p_value} of accuracy_flexible
+  seed                                                     data.seed of the run
   sft_seconds, grpo_seconds, total_train_seconds           wall time of each stage process
+  selection_seconds, selection_cpu_seconds                       the selection stage (GRPO's prompts by pass rate)
+  training_seconds                                         SFT + selection + GRPO wall seconds (the budget)
   sft_cpu_seconds, grpo_cpu_seconds                        CPU time (less sensitive to a busy machine)
   k, sampled_items                                         k samples per item at grpo.temperature (--k,
                                                            default evaluate.num_samples) on the first
@@ -23,9 +26,14 @@ prompt) and compares them on the same items (exact McNemar test). Prints one JSO
                                                            whose rewards are all equal (no signal)
   sft_continued_accuracy_flexible (+ sft_continued_accuracy, the control: models/sft trained further
   sft_continued_steps, sft_continued_seconds,              with the SFT recipe for as many steps as fit
-  flexible_vs_continued)                                   in GRPO's training seconds at SFT's measured
+  flexible_vs_continued)                                   in selection + GRPO's wall seconds at SFT's measured
                                                            speed, greedy; paired GRPO - continued
                                                            (--no-control: off)
+
+With `--seeds 1234,2024,7` the whole recipe runs once per data seed (each its own test split) and
+the JSON is `{"seeds": [one object as above per seed], "pooled": {delta, ci95, p_value, n,
+sft_accuracy_flexible, grpo_accuracy_flexible}}`: GRPO - SFT greedy flexible accuracy over every
+seed's paired items with an exact McNemar test.
 
 A gain in accuracy_in_format or accuracy_flexible is a gain in correctness; a gain in
 format_rate alone is a gain in following the answer format. GRPO beating the continued-SFT
@@ -34,6 +42,7 @@ while pass@k falls is GRPO sharpening onto its modes. Every run so far: benchmar
 
     python benchmarks/grpo_gain.py                     # the claim: defaults, no network
     python benchmarks/grpo_gain.py -S grpo.trainer.max_steps=50 --keep /tmp/gain --k 0 --no-control
+    python benchmarks/grpo_gain.py --seeds 1234,2024,7   # the claim across data seeds, pooled
 """
 
 from __future__ import annotations
@@ -88,9 +97,10 @@ CONTINUED = "sft_continued"  # the control's model folder and report names (mode
 
 def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, continued: bool) -> dict:
     """Greedy evaluation of models/sft, models/grpo (and the continued-SFT control) on the test split,
-    paired; then k samples per item of the first `sample_items` problems for SFT and GRPO."""
+    paired (the scored items in items/<model>.jsonl); then k samples per item of the first `sample_items` problems for SFT and GRPO."""
     from components import scoring
     from components.config import load_params
+    from components.files import jsonl_bytes, write_files
     from components.modelio import resolve_model
     from components.sources import load_problems
 
@@ -114,6 +124,7 @@ def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, con
                 data=data,
             )
             results[name] = (metrics, items)
+        write_files("items", {f"{name}.jsonl": jsonl_bytes(items) for name, (_, items) in results.items()})
         paired = scoring.compare(results["grpo"][1], results["sft"][1], "accuracy_strict")
         if continued:
             vs_continued = scoring.compare(results["grpo"][1], results[CONTINUED][1], "accuracy_flexible")
@@ -129,6 +140,9 @@ def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, con
         os.chdir(cwd)
 
     out = {"n": paired["n"], "delta": paired["delta"], "ci95": paired["ci95"], "p_value": paired["p_value"]}
+    sft_by_id = {i["id"]: i["correct_flexible"] for i in results["sft"][1]}
+    out["_paired_flexible"] = [(i["correct_flexible"], sft_by_id[i["id"]]) for i in results["grpo"][1]
+                               if i["id"] in sft_by_id]  # (GRPO, SFT) per item: the pooled test's input
     if continued:
         metrics = results.pop(CONTINUED)[0]
         out["sft_continued_accuracy_flexible"] = metrics["accuracy_flexible"]
@@ -160,15 +174,16 @@ def reports(workdir: Path, overrides: list[str]):
     return load_params(workdir / "params.yaml", overrides)
 
 
-def continue_sft(workdir: Path, overrides: list[str], env: dict[str, str]) -> dict:
-    """The same-compute control: models/sft trained further with the SFT recipe (same data, the lr
-    schedule restarted over the new steps) for as many steps as fit in GRPO's training seconds at the
-    first SFT run's speed. Writes models/sft_continued and its own reports beside the first run's."""
+def continue_sft(workdir: Path, overrides: list[str], env: dict[str, str], rl_seconds: float) -> dict:
+    """The same-compute control: models/sft trained further with the SFT recipe (the same
+    demonstrations, train.jsonl, never the answer-only problems; the lr schedule restarted over the
+    new steps) for as many steps as fit in the RL side's wall seconds (selection + grpo stage processes,
+    `rl_seconds`) at the first SFT process's speed. Writes models/sft_continued and its own reports
+    beside the first run's."""
     params = reports(workdir, overrides)
     sft = json.loads((workdir / params.sft.metrics_file).read_text())
-    grpo = json.loads((workdir / params.grpo.metrics_file).read_text())
     seconds_per_step = sft["train_seconds"] / max(sft["global_step"], 1)
-    steps = max(1, round(grpo["train_seconds"] / seconds_per_step))
+    steps = max(1, round(rl_seconds / seconds_per_step))
     train = Path(params.sft.metrics_file).parent
     control = [
         f"model.base_dir={params.sft.output_dir}",
@@ -189,6 +204,74 @@ def zero_std(workdir: Path, overrides: list[str]) -> dict:
     return {"frac_reward_zero_std": report.get("frac_reward_zero_std_mean")}
 
 
+def pooled(per_seed: list[list[tuple[bool, bool]]]) -> dict:
+    """GRPO - SFT greedy flexible accuracy over every seed's paired items (each seed has its own test
+    split, so the items are distinct), with the exact McNemar p-value.
+
+    >>> r = pooled([[(True, False)] * 6 + [(True, True)] * 4, [(False, False)] * 10])
+    >>> r["n"], r["delta"], round(r["p_value"], 4)
+    (20, 0.3, 0.0312)
+    """
+    from components.stats import compare_paired
+
+    pairs = [pair for items in per_seed for pair in items]
+    res = compare_paired([g for g, _ in pairs], [s for _, s in pairs])
+    return {"delta": res["delta"], "ci95": res["ci95"], "p_value": res["p_value"], "n": res["n"],
+            "sft_accuracy_flexible": res["accuracy_b"], "grpo_accuracy_flexible": res["accuracy_a"]}
+
+
+def run_recipe(workdir: Path, overrides: list[str], args: argparse.Namespace) -> dict:
+    """The whole recipe once in `workdir` (data -> model -> sft -> selection -> grpo, the control, the evaluation);
+    the single-run JSON object, with the paired flexible items under `_paired_flexible`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "params.yaml", workdir / "params.yaml")
+    env = {
+        **os.environ,
+        **OFFLINE_ENV,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",
+    }
+    env.pop("GRPOFLOW_PARENT_RUN_ID", None)
+    os.environ.update({k: env[k] for k in (*OFFLINE_ENV, "MLFLOW_TRACKING_URI")})
+    run_stage(workdir, "data", overrides, env)
+    run_stage(workdir, "model", overrides, env)
+    sft_s, sft_cpu = run_stage(workdir, "sft", overrides, env)
+    selection_s, selection_cpu = run_stage(workdir, "selection", overrides, env)
+    grpo_s, grpo_cpu = run_stage(workdir, "grpo", overrides, env)
+    control = {} if args.no_control else continue_sft(workdir, overrides, env, selection_s + grpo_s)
+    k = reports(workdir, overrides).evaluate.num_samples if args.k is None else args.k
+    result = evaluate(workdir, overrides, k, args.sample_items, not args.no_control)
+    result.update(control)
+    result.update(zero_std(workdir, overrides))
+    result.update(
+        {
+            "seed": reports(workdir, overrides).data.seed,
+            "sft_seconds": round(sft_s, 1),
+            "selection_seconds": round(selection_s, 1),
+            "grpo_seconds": round(grpo_s, 1),
+            "total_train_seconds": round(sft_s + grpo_s, 1),
+            "training_seconds": round(sft_s + selection_s + grpo_s, 1),
+            "sft_cpu_seconds": round(sft_cpu, 1),
+            "selection_cpu_seconds": round(selection_cpu, 1),
+            "grpo_cpu_seconds": round(grpo_cpu, 1),
+            "cpu_count": os.cpu_count(),
+            "load_average_1m": round(os.getloadavg()[0], 2),
+            "overrides": overrides,
+        }
+    )
+    return result
+
+
+def seed_list(text: str) -> list[int]:
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}: expected comma-separated integers, e.g. 1234,2024,7") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}: expected distinct integers, e.g. 1234,2024,7")
+    return seeds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -201,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep", metavar="DIR", help="work in DIR (kept) instead of a temporary folder")
     parser.add_argument(
+        "--seeds", type=seed_list, metavar="S1,S2,...",
+        help="run the whole recipe once per data seed (data.seed=S, each in its own folder) and print "
+        "{seeds: [per seed], pooled: {delta, p_value, n}}: GRPO - SFT flexible accuracy over all items",
+    )
+    parser.add_argument(
         "--k", type=int, default=None, help="samples per item for sampled accuracy and pass@k "
         "(default: evaluate.num_samples; 0: skip)"
     )
@@ -212,43 +300,25 @@ def main(argv: list[str] | None = None) -> int:
         "--no-control", action="store_true", help="skip the continued-SFT control (same compute as GRPO)"
     )
     args = parser.parse_args(argv)
+    if args.seeds and any(o.split("=", 1)[0].strip() == "data.seed" for o in args.overrides):
+        parser.error("--seeds sets data.seed for each run: drop -S data.seed=...")
 
     workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="grpo-gain-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO / "params.yaml", workdir / "params.yaml")
-    env = {
-        **os.environ,
-        **OFFLINE_ENV,
-        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",
-    }
-    env.pop("GRPOFLOW_PARENT_RUN_ID", None)
-    os.environ.update({k: env[k] for k in (*OFFLINE_ENV, "MLFLOW_TRACKING_URI")})
     try:
-        run_stage(workdir, "data", args.overrides, env)
-        run_stage(workdir, "model", args.overrides, env)
-        sft_s, sft_cpu = run_stage(workdir, "sft", args.overrides, env)
-        grpo_s, grpo_cpu = run_stage(workdir, "grpo", args.overrides, env)
-        control = {} if args.no_control else continue_sft(workdir, args.overrides, env)
-        k = reports(workdir, args.overrides).evaluate.num_samples if args.k is None else args.k
-        result = evaluate(workdir, args.overrides, k, args.sample_items, not args.no_control)
-        result.update(control)
-        result.update(zero_std(workdir, args.overrides))
+        if not args.seeds:
+            result = run_recipe(workdir, args.overrides, args)
+            result.pop("_paired_flexible")
+        else:
+            runs = []
+            for seed in args.seeds:
+                print(f"grpo_gain: data.seed={seed}", file=sys.stderr)
+                runs.append(run_recipe(workdir / f"seed-{seed}", [*args.overrides, f"data.seed={seed}"], args))
+            result = {"seeds": runs, "pooled": pooled([r.pop("_paired_flexible") for r in runs]),
+                      "overrides": args.overrides}
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    result.update(
-        {
-            "sft_seconds": round(sft_s, 1),
-            "grpo_seconds": round(grpo_s, 1),
-            "total_train_seconds": round(sft_s + grpo_s, 1),
-            "sft_cpu_seconds": round(sft_cpu, 1),
-            "grpo_cpu_seconds": round(grpo_cpu, 1),
-            "cpu_count": os.cpu_count(),
-            "load_average_1m": round(os.getloadavg()[0], 2),
-            "overrides": args.overrides,
-        }
-    )
     print(json.dumps(result, indent=2))
     return 0
 

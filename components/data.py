@@ -6,9 +6,16 @@ Sources (params `data.train_source` / `data.test_source`):
   hf:NAME[:CONFIG]   a Hugging Face dataset (e.g. hf:openai/gsm8k:main), or a local dataset
                      folder (files loadable by `datasets.load_dataset`, or `save_to_disk` output)
 
-Writes `<data.output_dir>/train.jsonl` and `test.jsonl`, one {"id", "question", "solution",
-"gold"} object per line, and `stats.json` (counts, dropped rows with reasons, sha256 of each
-output). Outputs appear atomically: a failed run leaves the previous folder untouched.
+Writes `<data.output_dir>/train.jsonl` (the demonstrations SFT imitates), `grpo.jsonl` (the
+problems GRPO trains on) and `test.jsonl`, one {"id", "question", "solution", "gold"} object per
+line, and `stats.json` (counts, dropped rows with reasons, sha256 of each output).
+
+GRPO's reward needs only the final answer, so its problems can be answer-only (`solution` ""):
+`data.answer_only_share` withholds the solution of that share of the train rows (any source), and
+`data.synthetic_answer_only_size` draws new synthetic problems from a harder band of steps
+(`data.synthetic_answer_only_min_steps`..`max_steps`; `data.synthetic_test_max_steps` makes the
+test split span both bands). SFT never sees them. With neither, `grpo.jsonl` holds the
+demonstrations' questions (answers only), as GRPO trained before. Outputs appear atomically: a failed run leaves the previous folder untouched.
 
     python -m components.data
     python -m components.data -S data.train_source=jsonl:gsm8k/train.jsonl \\
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -66,9 +74,8 @@ def collect(rows: Iterable[Record]) -> SplitResult:
 def load_split(source: str, split: str, cfg: DataParams, exclude: set[str] = frozenset()) -> SplitResult:
     if source == "synthetic":
         n = cfg.synthetic_train_size if split == "train" else cfg.synthetic_test_size
-        return collect(
-            iter_synthetic(n, cfg.seed, split, exclude, cfg.synthetic_max_steps, cfg.synthetic_max_number)
-        )
+        steps = cfg.synthetic_test_max_steps if split == "test" and cfg.synthetic_test_max_steps else cfg.synthetic_max_steps
+        return collect(iter_synthetic(n, cfg.seed, split, exclude, steps, cfg.synthetic_max_number))
     if source.startswith(("jsonl:", "hf:")):
         return collect(records(source, split))
     raise ConfigError(f"data source {source!r}: expected synthetic, jsonl:PATH or hf:NAME[:CONFIG]")
@@ -83,6 +90,36 @@ def find_overlap(train: SplitResult, test: SplitResult) -> list[str]:
         for row, where in zip(train.rows, train.origins, strict=True)
         if (key := normalize_question(row["question"])) in test_keys
     ]
+
+
+def answer_only(row: dict[str, str]) -> dict[str, str]:
+    """A problem with its solution withheld: GRPO's reward needs only the final answer.
+
+    >>> answer_only({"id": "train-1", "question": "Q?", "solution": "2 + 2 = 4", "gold": "4"})
+    {'id': 'train-1', 'question': 'Q?', 'solution': '', 'gold': '4'}
+    """
+    return {**row, "solution": ""}
+
+
+def split_answer_only(train: list[dict[str, str]], cfg: DataParams, exclude: set[str]) -> tuple[list, list]:
+    """(demonstrations, answer-only problems): `data.answer_only_share` of the train rows, drawn with
+    `data.seed`, lose their solution and move to the GRPO split; `data.synthetic_answer_only_size`
+    new synthetic problems of the harder band join them (none of them in `exclude`). With neither,
+    the GRPO split is the demonstrations' questions with their answers only."""
+    rng = random.Random(f"{cfg.seed}:answer-only")
+    withheld = set(rng.sample(range(len(train)), round(cfg.answer_only_share * len(train))))
+    demos = [r for i, r in enumerate(train) if i not in withheld]
+    problems = [answer_only(r) for i, r in enumerate(train) if i in withheld]
+    if cfg.synthetic_answer_only_size:
+        seen = exclude | {normalize_question(r["question"]) for r in train}
+        made = collect(iter_synthetic(
+            cfg.synthetic_answer_only_size, cfg.seed, "answer-only", seen, cfg.synthetic_answer_only_max_steps,
+            cfg.synthetic_max_number, cfg.synthetic_answer_only_min_steps,
+        ))
+        problems += [answer_only(r) for r in made.rows]
+    if not demos:
+        raise DataError(f"data.answer_only_share={cfg.answer_only_share} leaves no demonstrations for SFT; lower it")
+    return demos, problems or [answer_only(r) for r in demos]
 
 
 def run(cfg: DataParams) -> dict[str, Any]:
@@ -114,10 +151,15 @@ def run(cfg: DataParams) -> dict[str, Any]:
     if cfg.max_test_rows:
         test.rows = test.rows[: cfg.max_test_rows]
 
-    files = {"train.jsonl": jsonl_bytes(train.rows), "test.jsonl": jsonl_bytes(test.rows)}
+    answer_only_rows = bool(cfg.answer_only_share or cfg.synthetic_answer_only_size)
+    train.rows, grpo_rows = split_answer_only(train.rows, cfg, exclude)
+    files = {"train.jsonl": jsonl_bytes(train.rows), "grpo.jsonl": jsonl_bytes(grpo_rows),
+             "test.jsonl": jsonl_bytes(test.rows)}
     stats: dict[str, Any] = {
         "sources": {"train": cfg.train_source, "test": cfg.test_source},
         "counts": {"train": len(train.rows), "test": len(test.rows)},
+        # GRPO's problems: answer-only ones beside the demonstrations, or the demonstrations' questions
+        "grpo": {"count": len(grpo_rows), "answer_only": answer_only_rows},
         "dropped": {
             split: {"count": len(res.bad), "rows": res.bad[:1000]}
             for split, res in (("train", train), ("test", test))
@@ -153,7 +195,9 @@ def run_tracked(params) -> dict[str, Any]:
         mlflow.log_dict(stats, "stats.json")
     c, d = stats["counts"], stats["dropped"]
     print(
-        f"data: wrote {c['train']} train and {c['test']} test rows to {params.data.output_dir} "
+        f"data: wrote {c['train']} train (demonstrations), {stats['grpo']['count']} GRPO "
+        f"({'answer-only' if stats['grpo']['answer_only'] else 'the demonstrations questions'}) and {c['test']} test rows "
+        f"to {params.data.output_dir} "
         f"(dropped {d['train']['count']} train, {d['test']['count']} test)"
     )
     return stats

@@ -1,6 +1,7 @@
 """GRPO (DVC stage `grpo`): TRL's GRPOTrainer from the SFT model, with the rewards named in params.
 
-Reads `grpo.init_dir` (default `models/sft`) and `<data.output_dir>/train.jsonl`; writes
+Reads `grpo.init_dir` (default `models/sft`) and `selection.output_file` (its problems: those of
+`<data.output_dir>/grpo.jsonl` the selection stage kept, components/selection.py); writes
 `grpo.output_dir` (default `models/grpo`), a standard model folder, and
 `grpo.metrics_file` (default `reports/train/grpo.json`) with the per-step history beside it
 (`grpo.history_file`: loss, reward per function, reward std, KL, completion length,
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from components.entry import stage_main
-from components.errors import ConfigError
+from components.errors import ConfigError, InputError
 from components.params import Params
 
 STAGE = "grpo"
@@ -139,7 +140,10 @@ def run(params: Params) -> Path:
         reward_funcs, weights = build_rewards(params.rewards)
     except ValueError as exc:
         raise ConfigError(f"rewards: {exc}") from None
-    rows = read_split(data_dir / "train.jsonl")
+    prompts = Path(params.selection.output_file)  # the selection stage's choice of grpo.jsonl's problems
+    if not prompts.is_file():
+        raise InputError(f"{prompts}: GRPO's selected prompts are missing; run `dvc repro selection` first")
+    rows = read_split(prompts)  # the reward needs only `gold`
     samples = read_split(data_dir / "test.jsonl", limit=cfg.sample_size) if cfg.sample_size else []
 
     model, tokenizer = modelio.load_model_and_tokenizer(cfg.init_dir, params.model)
@@ -149,7 +153,7 @@ def run(params: Params) -> Path:
             "gold": [r["gold"] for r in rows],  # the rewards read this column
         }
     )
-    fp = finetune.fingerprint(STAGE, fingerprint_settings(params), [data_dir / "train.jsonl", cfg.init_dir])
+    fp = finetune.fingerprint(STAGE, fingerprint_settings(params), [prompts, cfg.init_dir])
     checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, STAGE)
 
     monitor = signal_monitor.SignalMonitor(

@@ -61,9 +61,12 @@ _TRAINER_NUMBERS = (
 )
 REMOTE_OVERRIDES = (
     "data.seed", "data.synthetic_*", "data.max_train_rows", "data.max_test_rows", "data.on_bad_rows",
+    "data.answer_only_share",
     "data.train_source", "data.test_source",  # synthetic or hf:NAME only
     "model.name_or_path", "model.revision", "model.dtype", "model.seed", "model.tiny_*",
-    "sft.resume", "sft.demo_*", "sft.sample_size", "sft.use_lora", "sft.lora.*",
+    "sft.resume", "sft.demo_*", "sft.dev_*", "sft.plateau_*", "sft.sample_size", "sft.use_lora", "sft.lora.*",
+    "selection.max_candidates", "selection.num_samples", "selection.mode", "selection.keep_*", "selection.min_pass_rate",
+    "selection.max_pass_rate", "selection.min_prompts", "selection.max_new_tokens", "selection.backend", "selection.seed",
     *(f"sft.trainer.{k}" for k in _TRAINER_NUMBERS),
     "grpo.resume", "grpo.num_generations", "grpo.temperature", "grpo.beta", "grpo.epsilon", "grpo.loss_type",
     "grpo.scale_rewards", "grpo.num_iterations", "grpo.sample_size", "grpo.use_lora", "grpo.lora.*",

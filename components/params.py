@@ -54,7 +54,9 @@ class DataParams:
     )
     test_source: str = _f("synthetic", "Where the test split comes from; same forms as train_source.")
     output_dir: str = _f(
-        "data/processed", "Folder that receives train.jsonl, test.jsonl and stats.json.", path="output_dir"
+        "data/processed",
+        "Folder that receives train.jsonl (demonstrations), grpo.jsonl (GRPO's problems), test.jsonl, stats.json.",
+        path="output_dir",
     )
     synthetic_train_size: int = _f(4000, "Number of synthetic train problems.", ge=1)
     synthetic_test_size: int = _f(600, "Number of synthetic test problems.", ge=1)
@@ -71,6 +73,29 @@ class DataParams:
         "Largest starting amount and largest amount bought in a synthetic problem (both splits). Smaller: "
         "easier arithmetic, and a tiny model that SFT leaves at a higher accuracy (benchmarks/RESULTS.md).",
         ge=2,
+    )
+    synthetic_test_max_steps: int = _f(
+        0,
+        "Synthetic test problems take 1 to this many steps (0 = synthetic_max_steps): set it to the answer-only "
+        "band's top so that the test split spans the demonstrations' band and the answer-only one.",
+        ge=0,
+        le=6,
+    )
+    synthetic_answer_only_size: int = _f(
+        0,
+        "Synthetic problems made for GRPO with only their final answer (grpo.jsonl), drawn from the harder band "
+        "synthetic_answer_only_min_steps..synthetic_answer_only_max_steps; SFT never sees them (0 = none).",
+        ge=0,
+    )
+    synthetic_answer_only_min_steps: int = _f(2, "Fewest steps of a synthetic answer-only problem.", ge=1, le=6)
+    synthetic_answer_only_max_steps: int = _f(4, "Most steps of a synthetic answer-only problem.", ge=1, le=6)
+    answer_only_share: float = _f(
+        0.0,
+        "Share of the train rows (any source, e.g. jsonl:) whose solution is withheld: drawn with data.seed, they "
+        "leave the demonstrations (train.jsonl) and become answer-only GRPO problems (grpo.jsonl). With no "
+        "answer-only problems at all, grpo.jsonl holds the demonstrations' questions with their answers.",
+        ge=0.0,
+        le=0.99,
     )
     on_bad_rows: str = _f(
         "fail",
@@ -226,6 +251,22 @@ class SFTParams:
         le=1.0,
     )
     demo_seed: int = _f(0, "Seed that picks which demonstrations are untagged or wrong.", ge=0)
+    dev_size: int = _f(
+        0,
+        "Demonstrations held out of SFT (the last N rows of train.jsonl) as a dev split: every dev_every steps "
+        "the model answers them greedily and dev_accuracy (flexible: the answer is right) joins the history "
+        "(the SFT curve). 0 = no dev split.",
+        ge=0,
+    )
+    dev_every: int = _f(250, "Steps between two dev accuracy measurements (and at the last step).", ge=1)
+    dev_max_new_tokens: int = _f(256, "Longest greedy answer to a dev problem, in tokens.", ge=1)
+    plateau_patience: int = _f(
+        0,
+        "Stop SFT once dev_accuracy has not risen by plateau_min_delta over its best for this many "
+        "measurements in a row: SFT trained to its plateau, as GRPO should start from. 0 = train max_steps.",
+        ge=0,
+    )
+    plateau_min_delta: float = _f(0.01, "Smallest rise of dev_accuracy that counts as progress.", ge=0.0)
     sample_size: int = _sample_size()
     use_lora: bool = _use_lora()
     lora: dict[str, Any] = _lora()
@@ -308,6 +349,60 @@ class GRPOParams:
 
 
 @dataclass
+class SelectionParams:
+    model_dir: str = _f(
+        "models/sft", "The model whose pass rates choose GRPO's prompts: the one GRPO starts from.", path="input_dir"
+    )
+    output_file: str = _f(
+        "data/selected/prompts.jsonl",
+        "The selected prompts (GRPO's training problems) with their pass_rate and greedy_correct.",
+        path="output_file",
+    )
+    metrics_file: str = _f(
+        "reports/train/selection.json",
+        "Counts (candidates, kept, never solved, always solved, below/above the band) and seconds (DVC metrics).",
+        path="output_file",
+    )
+    histogram_file: str = _f(
+        "reports/train/selection_pass_rates.csv",
+        "Prompts per pass rate (k + 1 rows), with whether that rate is kept: the data of `dvc plots show`.",
+        path="output_file",
+    )
+    max_candidates: int = _f(
+        1200,
+        "Candidates: the first N problems of <data.output_dir>/grpo.jsonl (0 = all). Each costs num_samples "
+        "completions, so this bounds the stage's time.",
+        ge=0,
+    )
+    num_samples: int = _f(
+        8,
+        "Completions sampled per candidate at grpo.temperature, scored by the shared checker "
+        "(components/gsm8k.py, in selection.mode); 0 = no sampling, every candidate is kept.",
+        ge=0,
+    )
+    mode: str = _f(
+        "flexible",
+        "What a sample must get to pass: 'flexible' (the right answer: correctness, whatever the format) or "
+        "'strict' (the right answer in the <answer> tag, what the accuracy reward pays).",
+        choices=["flexible", "strict"],
+    )
+    keep_unsolved: bool = _f(False, "Keep prompts no sample solved (pass rate 0: a GRPO group without signal).")
+    keep_solved: bool = _f(False, "Keep prompts every sample solved (pass rate 1: a GRPO group without signal).")
+    min_pass_rate: float = _f(0.0, "Keep only pass rates >= this (besides the two flags above).", ge=0.0, le=1.0)
+    max_pass_rate: float = _f(1.0, "Keep only pass rates <= this (besides the two flags above).", ge=0.0, le=1.0)
+    min_prompts: int = _f(
+        100,
+        "Stop with the counts when fewer prompts are kept (and never fewer than one GRPO step's prompts): "
+        "GRPO must not train on (almost) nothing.",
+        ge=1,
+    )
+    max_new_tokens: int = _f(128, "Longest sampled completion in tokens (as grpo.trainer.max_completion_length).", ge=1)
+    backend: str = _f("auto", "auto (vLLM when available, like the evaluate stage) | vllm | transformers.",
+                      choices=["auto", "vllm", "transformers"])
+    seed: int = _f(0, "Seed of the sampled completions.", ge=0)
+
+
+@dataclass
 class RewardsParams:
     funcs: list[str] = _f(
         ["seed_combined"],
@@ -360,7 +455,9 @@ class EvaluateParams:
     )
     primary_metric: str = _f(
         "accuracy_strict",
-        "Metric whose paired difference is reported at the top of each comparison.json pair (the promotion evidence).",
+        "Metric whose paired difference is reported at the top of each comparison.json pair, and the one the "
+        "promotion gate pairs: accuracy_strict (right and tagged: what a deployment reading the tag gets) or "
+        "accuracy_flexible (right anywhere: correctness alone). The gate's reason states both either way.",
         choices=["accuracy_strict", "accuracy_flexible"],
     )
     log_items_table: bool = _f(True, "Log the per-item results to MLflow as a table (browsable in the UI).")
@@ -454,6 +551,7 @@ class PlacementParams:
     data: str = _placement("data")
     model: str = _placement("model")
     sft: str = _placement("sft")
+    selection: str = _placement("selection")
     grpo: str = _placement("grpo")
     evaluate: str = _placement("evaluate")
 
@@ -462,6 +560,7 @@ SECTIONS: dict[str, type] = {
     "data": DataParams,
     "model": ModelParams,
     "sft": SFTParams,
+    "selection": SelectionParams,
     "grpo": GRPOParams,
     "rewards": RewardsParams,
     "evaluate": EvaluateParams,
@@ -476,6 +575,7 @@ class Params:
     data: DataParams
     model: ModelParams
     sft: SFTParams
+    selection: SelectionParams
     grpo: GRPOParams
     rewards: RewardsParams
     evaluate: EvaluateParams

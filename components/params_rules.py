@@ -156,6 +156,16 @@ def check_section(name: str, cfg: Any) -> None:
     """The rules that span several keys of section `name` (its values already passed `coerce`)."""
     if name == "data":
         _check_sources("data", cfg, ("train_source", "test_source"), synthetic=True)
+        if cfg.synthetic_answer_only_min_steps > cfg.synthetic_answer_only_max_steps:
+            raise ConfigError(
+                f"data.synthetic_answer_only_min_steps ({cfg.synthetic_answer_only_min_steps}) is above "
+                f"data.synthetic_answer_only_max_steps ({cfg.synthetic_answer_only_max_steps})"
+            )
+        if cfg.synthetic_answer_only_size and cfg.train_source != "synthetic":
+            raise ConfigError(
+                "data.synthetic_answer_only_size needs data.train_source=synthetic; with another source set "
+                "data.answer_only_share (the share of its train rows whose solution is withheld)"
+            )
     elif name == "model" and cfg.name_or_path.strip() in ("", "gguf:"):
         raise ConfigError(f"model.name_or_path: {cfg.name_or_path!r} needs a model (gguf: needs a file path)")
     elif name == "model" and cfg.tiny_hidden_size % cfg.tiny_num_heads:
@@ -164,6 +174,11 @@ def check_section(name: str, cfg: Any) -> None:
         )
     elif name == "sft":
         _check_trainer_keys("sft", cfg.trainer, STAGE_OWNED_TRAINER_KEYS, ())
+        if cfg.plateau_patience and not cfg.dev_size:
+            raise ConfigError("sft.plateau_patience needs a dev split to watch: set sft.dev_size (e.g. 200)")
+    elif name == "selection" and cfg.min_pass_rate > cfg.max_pass_rate:
+        raise ConfigError(f"selection.min_pass_rate ({cfg.min_pass_rate}) is above selection.max_pass_rate "
+                          f"({cfg.max_pass_rate}): no pass rate is in the band")
     elif name == "grpo":
         recipe = keys_with(GRPOParams, "recipe") + ("reward_weights",)
         _check_trainer_keys("grpo", cfg.trainer, STAGE_OWNED_TRAINER_KEYS + recipe, recipe)

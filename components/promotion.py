@@ -46,7 +46,7 @@ from components.registry import (
     client_for,
     items_path,
 )
-from components.reports import read_items
+from components.reports import ITEM_COLUMNS, headline, item_column, read_item_rows
 from components.tracking import repo_root, resolve_tracking_uri
 
 # Who decided and when (version tags, written with the decision): what a later no-op run reports.
@@ -68,12 +68,37 @@ class Decision:
         return self.decision in ("promoted", "forced")
 
 
-def _download_items(uri: str) -> dict[str, bool]:
+def _download_items(uri: str) -> dict[str, dict[str, Any]]:
     import mlflow
 
     with tempfile.TemporaryDirectory() as tmp:
         local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp)
-        return read_items(local)
+        return read_item_rows(local)
+
+
+def correctness_and_format(challenger: dict[str, dict[str, Any]], champion: dict[str, dict[str, Any]],
+                           version: str, champion_version: str, alpha: float) -> str | None:
+    """The gate's numbers restated as correctness (flexible accuracy) and format (tagged answers) on
+    the shared items, with the verdict in words; None when the items lack those columns.
+
+    >>> ch = {str(i): {"correct": i < 30, "correct_flexible": i < 30, "format_ok": True} for i in range(100)}
+    >>> old = {str(i): {"correct": i < 5, "correct_flexible": i < 32, "format_ok": i < 10} for i in range(100)}
+    >>> correctness_and_format(ch, old, "2", "1", 0.05).endswith("the gain is format, not correctness")
+    True
+    """
+    from components.stats import compare_paired
+
+    shared = sorted(set(challenger) & set(champion))
+    rows = [(challenger[i], champion[i]) for i in shared]
+    if not rows or not all(ITEM_COLUMNS["accuracy_flexible"] in x and ITEM_COLUMNS["accuracy_flexible"] in y
+                           for x, y in rows):
+        return None
+    by_metric = {m: compare_paired([bool(x[c]) for x, _ in rows], [bool(y[c]) for _, y in rows])
+                 for m, c in ITEM_COLUMNS.items()}
+    formats = [None, None]
+    if all("format_ok" in x and "format_ok" in y for x, y in rows):
+        formats = [sum(bool(r[k]["format_ok"]) for r in rows) / len(rows) for k in (0, 1)]
+    return headline(f"v{version}", f"champion v{champion_version}", by_metric, *formats, alpha=alpha)
 
 
 def compare_with_champion(
@@ -110,7 +135,7 @@ def compare_with_champion(
     return ok, numbers
 
 
-def _reason(version: str, champion: str, ok: bool, x: dict[str, Any]) -> str:
+def _reason(version: str, champion: str, ok: bool, x: dict[str, Any], metric: str = "accuracy_strict") -> str:
     if x.get("n", 0) == 0:
         return f"v{version} and champion v{champion} share no evaluation items: not comparable, champion kept"
     verdict = []
@@ -124,7 +149,7 @@ def _reason(version: str, champion: str, ok: bool, x: dict[str, Any]) -> str:
         verdict.append(f"p >= alpha {x['alpha']}")
     lo, hi = x["ci95"]
     head = (
-        f"v{version} accuracy {x['challenger_accuracy']:.4f} vs champion v{champion} "
+        f"v{version} {metric} {x['challenger_accuracy']:.4f} vs champion v{champion} "
         f"{x['champion_accuracy']:.4f} on {x['n']} shared items: delta {x['delta']:+.4f} "
         f"(95% CI {lo:+.4f}..{hi:+.4f}), discordant {x['b']} vs {x['c']}, exact McNemar p={x['p_value']:.4g}"
     )
@@ -168,9 +193,9 @@ def eval_settings(tags: dict[str, str]) -> dict[str, str | None]:
     return {k: tags.get(f"eval.{k}") for k in EVAL_KEYS}
 
 
-def reevaluate(params: Params, name: str, version: str, root: Path, test_sha256: str | None) -> dict[str, bool]:
+def reevaluate(params: Params, name: str, version: str, root: Path, test_sha256: str | None) -> dict[str, dict[str, Any]]:
     """Evaluate registered `version` on the challenger's items with the challenger's settings
-    (`params.evaluate`); {item id: correct}."""
+    (`params.evaluate`); {item id: scored item}."""
     from components.modelio import resolve_model
     from components.scoring import data_source, evaluate_model
     from components.sources import load_problems, problems_sha256
@@ -189,7 +214,7 @@ def reevaluate(params: Params, name: str, version: str, root: Path, test_sha256:
     with tempfile.TemporaryDirectory(prefix="grpoflow-champion-") as tmp:
         model = resolve_model(f"models:/{name}/{version}", download_dir=tmp, params=params)
         _, items = evaluate_model(model, problems, params, protocol=cfg.protocol, backend=cfg.backend, data=data)
-    return {str(i["id"]): i["correct"] for i in items}
+    return {str(i["id"]): i for i in items}
 
 
 def gate(params: Params, registration: Registration, root: str | os.PathLike | None = None) -> Decision:
@@ -212,22 +237,29 @@ def gate(params: Params, registration: Registration, root: str | os.PathLike | N
         decision = Decision(name, version, "promoted", mv.tags.get(REASON_TAG, "champion alias already on it"))
         client.set_model_version_tag(name, version, DECISION_TAG, decision.decision)
         return decision
-    challenger_items = read_items(items_path(params, root))
+    metric = params.evaluate.primary_metric  # the gate's metric (docs/registry.md says why strict by default)
+    challenger_rows = read_item_rows(items_path(params, root))
     ours, theirs = eval_settings(mv.tags), eval_settings(champion.tags)
     reevaluated = ours != theirs or None in theirs.values() or not champion.tags.get(ITEMS_TAG)
     if reevaluated:
-        champion_items = reevaluate(params, name, champion.version, root, ours["test_sha256"])
+        champion_rows = reevaluate(params, name, champion.version, root, ours["test_sha256"])
         if registration.run_id:  # the pipeline run keeps what the champion scored
-            client.log_dict(registration.run_id, champion_items, f"promotion/champion_v{champion.version}_items.json")
+            client.log_dict(registration.run_id, {i: r["correct"] for i, r in champion_rows.items()},
+                            f"promotion/champion_v{champion.version}_items.json")
     else:
-        champion_items = _download_items(champion.tags[ITEMS_TAG])
+        champion_rows = _download_items(champion.tags[ITEMS_TAG])
     reg = params.register
-    ok, numbers = compare_with_champion(challenger_items, champion_items, reg.alpha, reg.min_delta, reg.min_items)
-    numbers.update(test_sha256=ours["test_sha256"] or "unknown", champion_reevaluated=reevaluated)
-    decision = Decision(
-        name, version, "promoted" if ok else "rejected",
-        _reason(version, champion.version, ok, numbers), champion.version, numbers,
+    ok, numbers = compare_with_champion(
+        item_column(challenger_rows, metric, str(items_path(params, root))),
+        item_column(champion_rows, metric, f"{name} v{champion.version} items"),
+        reg.alpha, reg.min_delta, reg.min_items,
     )
+    numbers.update(metric=metric, test_sha256=ours["test_sha256"] or "unknown", champion_reevaluated=reevaluated)
+    reason = _reason(version, champion.version, ok, numbers, metric)
+    if numbers["n"] and (story := correctness_and_format(challenger_rows, champion_rows, version, champion.version,
+                                                         reg.alpha)):
+        reason += f". {story}"
+    decision = Decision(name, version, "promoted" if ok else "rejected", reason, champion.version, numbers)
     _write_decision(client, name, version, decision, move_alias=ok, run_id=registration.run_id)
     return decision
 

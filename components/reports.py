@@ -75,16 +75,91 @@ def read_comparison(eval_dir: str | os.PathLike) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def read_items(path: str | os.PathLike) -> dict[str, bool]:
-    """{item id: correct} from an evaluation items file; names the file and line on bad rows."""
-    out: dict[str, bool] = {}
+ITEM_COLUMNS = {"accuracy_strict": "correct", "accuracy_flexible": "correct_flexible"}  # metric -> items column
+
+
+def read_item_rows(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """{item id: row} from an evaluation items file; names the file and line on bad rows."""
+    out: dict[str, dict[str, Any]] = {}
     for lineno, row in iter_jsonl(path):
         if isinstance(row, JSONLineError):
             raise InputError(f"{path}:{lineno}: not valid JSON ({row})")
         if not isinstance(row, dict) or "id" not in row or not isinstance(row.get("correct"), bool):
             raise InputError(f"{path}:{lineno}: expected an object with 'id' and boolean 'correct'")
-        out[str(row["id"])] = row["correct"]
+        out[str(row["id"])] = row
     return out
+
+
+def item_column(rows: dict[str, dict[str, Any]], metric: str, where: str) -> dict[str, bool]:
+    """{item id: correct by `metric`} (accuracy_strict or accuracy_flexible); names `where` when an
+    item lacks the metric's column (items written before the column existed)."""
+    column = ITEM_COLUMNS[metric]
+    for item_id, row in rows.items():
+        if not isinstance(row.get(column), bool):
+            raise InputError(f"{where}: item {item_id} has no boolean {column!r}, which {metric} needs; "
+                             "evaluate the model again")
+    return {item_id: row[column] for item_id, row in rows.items()}
+
+
+def read_items(path: str | os.PathLike, metric: str = "accuracy_strict") -> dict[str, bool]:
+    """{item id: correct by `metric`} from an evaluation items file; names the file and line on bad rows."""
+    return item_column(read_item_rows(path), metric, str(path))
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def verdict(strict: dict[str, Any] | None, flexible: dict[str, Any] | None, alpha: float = 0.05) -> str:
+    """What a paired comparison says about correctness, in words: strict accuracy needs the right
+    answer in the `<answer>` tag, flexible accuracy only the right answer (correctness).
+
+    >>> verdict({"delta": 0.095, "p_value": 1e-13}, {"delta": -0.012, "p_value": 0.4})
+    'the gain is format, not correctness'
+    >>> verdict({"delta": 0.05, "p_value": 0.001}, {"delta": 0.04, "p_value": 0.01})
+    'correctness rose'
+    >>> verdict({"delta": 0.0, "p_value": 1.0}, {"delta": -0.03, "p_value": 0.01})
+    'correctness fell'
+    >>> verdict({"delta": 0.01, "p_value": 0.5}, {"delta": 0.01, "p_value": 0.5})
+    'no significant change in correctness'
+    """
+    def significant(r: dict[str, Any] | None, sign: int) -> bool:
+        return bool(r) and sign * r["delta"] > 0 and r["p_value"] < alpha
+
+    if significant(strict, 1) and not significant(flexible, 1):
+        return "the gain is format, not correctness" + (" (correctness fell)" if significant(flexible, -1) else "")
+    if significant(flexible, 1):
+        return "correctness rose"
+    if significant(flexible, -1):
+        return "correctness fell"
+    return "no significant change in correctness"
+
+
+def headline(a: str, b: str, by_metric: dict[str, dict[str, Any]], format_a: float | None = None,
+             format_b: float | None = None, alpha: float = 0.05) -> str:
+    """One line comparing model `a` with `b` (from b to a) on the same items: correctness (flexible accuracy) first,
+    format (the answer is tagged) apart, strict accuracy (both), then the verdict in words.
+
+    >>> by = {"accuracy_flexible": {"accuracy_a": 0.12, "accuracy_b": 0.132, "delta": -0.012, "ci95": [-0.04, 0.016],
+    ...                             "p_value": 0.4},
+    ...       "accuracy_strict": {"accuracy_a": 0.12, "accuracy_b": 0.025, "delta": 0.095, "p_value": 1.4e-13}}
+    >>> print(headline("grpo", "sft", by, 0.993, 0.288))
+    correctness (accuracy_flexible, the answer is right) sft 13.2% -> grpo 12.0%, -1.2 points (95% CI -4.0 to +1.6), exact McNemar p = 0.4; format (the answer is tagged) 28.8% -> 99.3%; accuracy_strict (right and tagged) 2.5% -> 12.0%, +9.5 points, p = 1.4e-13: the gain is format, not correctness
+    """
+    parts = []
+    flex, strict = by_metric.get("accuracy_flexible"), by_metric.get("accuracy_strict")
+    if flex:
+        ci = flex.get("ci95")
+        interval = f" (95% CI {100 * ci[0]:+.1f} to {100 * ci[1]:+.1f})" if ci else ""
+        parts.append(f"correctness (accuracy_flexible, the answer is right) {b} {_pct(flex['accuracy_b'])} -> "
+                     f"{a} {_pct(flex['accuracy_a'])}, {100 * flex['delta']:+.1f} points{interval}, "
+                     f"exact McNemar p = {flex['p_value']:.2g}")
+    if format_a is not None and format_b is not None:
+        parts.append(f"format (the answer is tagged) {_pct(format_b)} -> {_pct(format_a)}")
+    if strict:
+        parts.append(f"accuracy_strict (right and tagged) {_pct(strict['accuracy_b'])} -> {_pct(strict['accuracy_a'])}, "
+                     f"{100 * strict['delta']:+.1f} points, p = {strict['p_value']:.2g}")
+    return "; ".join(parts) + f": {verdict(strict, flex, alpha)}"
 
 
 def log_to_mlflow(results: Results, comparison: dict[str, Any] | None, paths: list[Path], log_table: bool) -> None:

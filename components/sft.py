@@ -9,6 +9,12 @@ and eos. Like SFT data pooled from real sources, a share of the demonstrations i
 purpose (`sft.demo_untagged_rate`, `sft.demo_wrong_rate`; see the README's Training section):
 that is what GRPO's rule-based rewards then repair.
 
+SFT to its plateau: `sft.dev_size` demonstrations (the last rows of train.jsonl) are held out
+as a dev split; every `sft.dev_every` steps the model answers them greedily and `dev_accuracy`
+(flexible) joins the history and MLflow: the SFT curve. With `sft.plateau_patience` > 0, SFT
+stops once dev accuracy has not risen by `sft.plateau_min_delta` for that many measurements,
+so that GRPO starts from a model more SFT does not improve; the report says where it stopped.
+
 Crash safety: a checkpoint every `sft.trainer.save_steps` in `sft.checkpoint_dir`; re-running
 after a crash resumes from the newest one (a log line says which). The model folder is
 replaced atomically, only after training succeeded.
@@ -84,6 +90,86 @@ def build_demos(rows: list[dict[str, str]], tokenizer: Any, cfg) -> tuple[Any, d
     return Dataset.from_dict({"prompt": prompts, "completion": completions}), counts
 
 
+def split_dev(rows: list[dict[str, str]], dev_size: int) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """(demonstrations SFT trains on, dev rows): the last `dev_size` rows are held out.
+
+    >>> split_dev([{"id": str(i)} for i in range(5)], 2)
+    ([{'id': '0'}, {'id': '1'}, {'id': '2'}], [{'id': '3'}, {'id': '4'}])
+    """
+    if dev_size and dev_size >= len(rows):
+        from components.errors import ConfigError
+
+        raise ConfigError(f"sft.dev_size={dev_size} holds out every one of the {len(rows)} demonstrations; lower it")
+    return (rows[:-dev_size], rows[-dev_size:]) if dev_size else (rows, [])
+
+
+class Plateau:
+    """Dev accuracy every `dev_every` steps; stop after `patience` measurements without a rise of
+    `min_delta` over the best (0 = never stop).
+
+    >>> p = Plateau(patience=2, min_delta=0.01)
+    >>> [p.update(a) for a in (0.10, 0.20, 0.205, 0.208, 0.30)]
+    [False, False, False, True, False]
+    >>> p.best, p.curve[-1]
+    (0.3, 0.3)
+    """
+
+    def __init__(self, patience: int, min_delta: float) -> None:
+        self.patience, self.min_delta = patience, min_delta
+        self.best: float | None = None
+        self.since_best = 0
+        self.curve: list[float] = []
+
+    def update(self, accuracy: float) -> bool:
+        """Record one measurement; True when training should stop."""
+        self.curve.append(accuracy)
+        if self.best is None or accuracy >= self.best + self.min_delta:
+            self.best, self.since_best = accuracy if self.best is None else max(accuracy, self.best), 0
+        else:
+            self.since_best += 1
+        return bool(self.patience) and self.since_best >= self.patience
+
+
+def dev_callback(rows: list[dict[str, str]], tokenizer: Any, cfg) -> Any:
+    """A TrainerCallback that measures greedy flexible accuracy on the dev rows every
+    `cfg.dev_every` steps and at the last, logs it (history and MLflow) and stops at the plateau."""
+    from transformers import TrainerCallback
+
+    from components import gsm8k
+    from components.train_samples import greedy
+
+    prompts = [gsm8k.render_prompt(r["question"], tokenizer) for r in rows]
+
+    class DevAccuracy(TrainerCallback):
+        plateau = Plateau(cfg.plateau_patience, cfg.plateau_min_delta)
+        stopped_early = False
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % cfg.dev_every and state.global_step < state.max_steps:
+                return
+            training = model.training
+            model.eval()
+            completions = greedy(model, tokenizer, prompts, max_new_tokens=cfg.dev_max_new_tokens)
+            model.train(training)
+            accuracy = sum(gsm8k.is_correct(c, r["gold"], "flexible") for c, r in zip(completions, rows, strict=True))
+            accuracy /= len(rows)
+            state.log_history.append({"dev_accuracy": accuracy, "step": state.global_step})
+            if state.is_world_process_zero:
+                import mlflow
+
+                if mlflow.active_run():
+                    mlflow.log_metric("dev_accuracy", accuracy, step=state.global_step)
+            if self.plateau.update(accuracy) and state.global_step < state.max_steps:
+                self.stopped_early = control.should_training_stop = True
+
+        def summary(self) -> dict[str, Any]:
+            curve = self.plateau.curve
+            return {"dev_size": len(rows), "dev_accuracy_best": self.plateau.best,
+                    "dev_accuracy_final": curve[-1] if curve else None, "stopped_at_plateau": self.stopped_early}
+
+    return DevAccuracy()
+
+
 def fingerprint_settings(params: Params) -> dict[str, Any]:
     """The settings that enter the resume fingerprint (finetune.fingerprint)."""
     from components import finetune
@@ -117,8 +203,10 @@ def run(params: Params) -> Path:
     rows = read_split(data_dir / "train.jsonl")
     samples = read_split(data_dir / "test.jsonl", limit=cfg.sample_size) if cfg.sample_size else []
 
+    rows, dev = split_dev(rows, cfg.dev_size)
     model, tokenizer = modelio.load_model_and_tokenizer(params.model.base_dir, params.model)
     dataset, counts = build_demos(rows, tokenizer, cfg)
+    callbacks = [dev_callback(dev, tokenizer, cfg)] if dev else []
     fp = finetune.fingerprint(STAGE, fingerprint_settings(params), [data_dir / "train.jsonl", params.model.base_dir])
     checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, STAGE)
 
@@ -126,9 +214,11 @@ def run(params: Params) -> Path:
         if args.process_index == 0:
             mlflow.log_metrics({k: float(v) for k, v in counts.items()})
         trainer = SFTTrainer(
-            model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config
+            model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
+            callbacks=callbacks,
         )
-        finetune.train_and_save(STAGE, trainer, checkpoint, cfg, samples=samples, max_new_tokens=256, extra=counts)
+        finetune.train_and_save(STAGE, trainer, checkpoint, cfg, samples=samples, max_new_tokens=256, extra=counts,
+                                after_training=callbacks[0].summary if callbacks else None)
     return Path(cfg.output_dir)
 
 

@@ -4,7 +4,8 @@ Each problem has 1 to `data.synthetic_max_steps` arithmetic steps on small integ
 bought amounts up to `data.synthetic_max_number`), templated text and an answer in
 GSM8K's own format (reasoning lines with `<<a+b=c>>` calculator annotations, then `#### N`),
 so it flows through the same validation as real GSM8K rows. The same seed gives the same
-problems; train and test draw from derived seeds and never share a question.
+problems; train, test and the answer-only GRPO problems draw from derived seeds and never share
+a question. Each split has its own band of steps (the answer-only problems a harder one).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def _step(a: int, op: str, b: int) -> tuple[int, str]:
     return c, f"{a} {op} {b} = <<{a}{op}{b}={c}>>{c}"
 
 
-def synthetic_problem(rng: random.Random, max_steps: int = 3, max_number: int = 20) -> dict[str, str]:
-    """One seeded word problem with a GSM8K-format answer (1 to `max_steps` steps).
+def synthetic_problem(rng: random.Random, max_steps: int = 3, max_number: int = 20, min_steps: int = 1) -> dict[str, str]:
+    """One seeded word problem with a GSM8K-format answer (`min_steps` to `max_steps` steps).
 
     `max_number` bounds the starting amount and the amounts bought: with the defaults
     (3, 20) this draws exactly the stream it always drew; smaller values make easier problems.
@@ -37,7 +38,7 @@ def synthetic_problem(rng: random.Random, max_steps: int = 3, max_number: int = 
     1
     """
     name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
-    steps = rng.choice(list(range(1, max_steps + 1)))
+    steps = rng.choice(list(range(min_steps, max_steps + 1)))
     a = rng.randint(2, max_number)
     question = [f"{name} has {a} {item}."]
     lines = []
@@ -76,9 +77,10 @@ def synthetic_problem(rng: random.Random, max_steps: int = 3, max_number: int = 
 
 
 def iter_synthetic(
-    n: int, seed: int, split: str, exclude: set[str], max_steps: int = 3, max_number: int = 20
+    n: int, seed: int, split: str, exclude: set[str], max_steps: int = 3, max_number: int = 20, min_steps: int = 1
 ) -> Iterator[Record]:
-    """`n` distinct problems (none of them in `exclude`) as (where, default id, record)."""
+    """`n` distinct problems (none of them in `exclude`) of `min_steps` to `max_steps` steps as
+    (where, default id, record)."""
     rng = random.Random(f"{seed}:{split}")
     seen = set(exclude)
     made, attempts = 0, 0
@@ -86,7 +88,7 @@ def iter_synthetic(
         attempts += 1
         if attempts > 50 * n + 1000:
             raise DataError(f"synthetic:{split}: could only make {made} distinct problems of {n} requested")
-        obj = synthetic_problem(rng, max_steps, max_number)
+        obj = synthetic_problem(rng, max_steps, max_number, min_steps)
         key = normalize_question(obj["question"])
         if key in seen:
             continue

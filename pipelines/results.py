@@ -46,3 +46,4 @@ class RunSummary:
     decision: dict[str, Any] | None
     reports: dict[str, list[str]]  # {folder: [files]}
     figures: list[str] = field(default_factory=list)  # artifact paths on the parent run
+    alpha: float = 0.05  # register.alpha: the significance level the summary's verdicts use

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from components.params import Params
-from components.reports import ACCURACY_CSV, read_comparison, read_metrics
+from components.reports import ACCURACY_CSV, headline, read_comparison, read_metrics
 from components.tracking import ui_address
 from pipelines.lineage import PipelineRun, run_name
 from pipelines.results import RunSummary, StageResult
@@ -73,7 +73,20 @@ def run_summary(
         registration=registration,
         decision=decision,
         reports=reports(params),
+        alpha=params.register.alpha,
     )
+
+
+def headlines(s: RunSummary) -> list[tuple[str, str]]:
+    """One line per compared pair (GRPO vs SFT first): correctness and format stated apart, and in
+    words when strict accuracy rose but correctness did not ("the gain is format, not correctness")."""
+    out = []
+    for pair, c in (s.comparison or {}).items():
+        a, b = pair.split("_vs_", 1)  # the pair's names (its "a"/"b" keys are McNemar counts)
+        fmt = [s.metrics.get(m, {}).get("format_rate") for m in (a, b)]
+        by_metric = c.get("by_metric") or {c.get("metric", ""): c}
+        out.append((f"{a} vs {b}", headline(a, b, by_metric, *fmt, alpha=s.alpha)))
+    return out
 
 
 def _temperature(metrics: dict[str, dict[str, Any]]) -> Any:
@@ -92,8 +105,8 @@ def reports(params: Params) -> dict[str, list[str]]:
     models = ["base", "sft", "grpo"] if params.evaluate.include_base else ["sft", "grpo"]
     out: dict[str, list[str]] = {ev: [*(f"{m}.json" for m in models), "comparison.json", ACCURACY_CSV,
                                       *(f"{m}.items.jsonl" for m in models)]}
-    for section in (params.sft, params.grpo):
-        for path in (section.metrics_file, section.history_file):
+    for section in (params.sft, params.selection, params.grpo):
+        for path in (section.metrics_file, getattr(section, "history_file", None) or section.histogram_file):
             folder, name = str(Path(path).parent), Path(path).name
             out.setdefault(folder, []).append(name)
     return out
@@ -135,6 +148,7 @@ def format_run_summary(s: RunSummary) -> str:
         keys = [k for k in SUMMARY_KEYS if k in m]
         if keys:
             lines.append(f"  eval {model:<6} " + "  ".join(f"{k}={m[k]:.4g}" for k in keys))
+    lines += [f"  {pair}: {text}" for pair, text in headlines(s)]
     lines.append(f"  model: {_model_line(s)}")
     dec = s.decision
     if dec:
@@ -167,10 +181,8 @@ def summary_markdown(s: RunSummary) -> str:
 
             out.append(f"| {model} | {num('accuracy_strict')} | {_ci(m, 'accuracy_strict')} | "
                        f"{num('accuracy_flexible')} | {_ci(m, 'accuracy_flexible')} | {num('format_rate')} | {m.get('n', '')} |")
-    for pair, c in (s.comparison or {}).items():
-        ci = c.get("ci95") or [float("nan"), float("nan")]
-        out += ["", f"**{pair.replace('_vs_', ' vs ')}** ({c.get('metric', '')}, same items): delta {c['delta']:+.3f} "
-                    f"(95% CI {ci[0]:+.3f} to {ci[1]:+.3f}), exact McNemar p = {c['p_value']:.3g}"]
+    for pair, text in headlines(s):
+        out += ["", f"**{pair}** (same items): {text}"]
     out += ["", f"**Model:** {_model_line(s)}"]
     dec = s.decision
     if dec:

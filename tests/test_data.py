@@ -255,3 +255,62 @@ def test_synthetic_generator_defaults_draw_the_original_stream():
 
     a, b = random.Random(7), random.Random(7)
     assert [synthetic_problem(a) for _ in range(50)] == [synthetic_problem(b, 3, 20) for _ in range(50)]
+
+
+def synthetic_cfg(tmp_path: Path, **kw) -> DataConfig:
+    return DataConfig(**{"synthetic_train_size": 200, "synthetic_test_size": 100, "synthetic_max_steps": 2,
+                         "output_dir": str(tmp_path / "out"), **kw})
+
+
+def steps(row: dict[str, str]) -> int:
+    """A synthetic problem's number of steps: one sentence per step between the start and the question."""
+    return row["question"].count(".") - 1
+
+
+def test_grpo_split_is_the_demonstrations_questions_by_default(tmp_path):
+    stats = run(synthetic_cfg(tmp_path))
+    train, grpo = read_jsonl(tmp_path / "out" / "train.jsonl"), read_jsonl(tmp_path / "out" / "grpo.jsonl")
+    assert [(r["id"], r["question"], r["gold"]) for r in grpo] == [(r["id"], r["question"], r["gold"]) for r in train]
+    assert {r["solution"] for r in grpo} == {""} and all(r["solution"] for r in train)
+    assert stats["grpo"] == {"count": 200, "answer_only": False}
+
+
+def test_synthetic_answer_only_problems_come_from_a_harder_band_sft_never_sees(tmp_path):
+    stats = run(synthetic_cfg(tmp_path, synthetic_answer_only_size=150, synthetic_answer_only_min_steps=3,
+                              synthetic_answer_only_max_steps=4, synthetic_test_max_steps=4))
+    out = tmp_path / "out"
+    train, grpo, test = (read_jsonl(out / f"{s}.jsonl") for s in ("train", "grpo", "test"))
+    assert len(train) == 200 and len(grpo) == 150 and stats["grpo"] == {"count": 150, "answer_only": True}
+    assert {steps(r) for r in train} == {1, 2} and {steps(r) for r in grpo} == {3, 4}
+    assert {steps(r) for r in test} == {1, 2, 3, 4}  # the test split spans both bands
+    assert {r["solution"] for r in grpo} == {""}
+    questions = [{r["question"] for r in rows} for rows in (train, grpo, test)]
+    assert not (questions[0] & questions[1]) and not (questions[1] & questions[2]) and not (questions[0] & questions[2])
+    assert len({r["id"] for r in train + grpo}) == 350
+    # the demonstrations are exactly what they were without answer-only problems
+    assert read_jsonl(out / "train.jsonl") == train
+    run(synthetic_cfg(tmp_path, synthetic_test_max_steps=4))
+    assert read_jsonl(out / "train.jsonl") == train
+
+
+def test_answer_only_share_withholds_solutions_of_jsonl_train_rows(tmp_path):
+    rows = [{"question": f"Tom has {i} pens and buys 2. How many now?", "answer": f"{i}+2={i + 2}\n#### {i + 2}"}
+            for i in range(40)]
+    source = f"jsonl:{write_jsonl(tmp_path / 'many.jsonl', rows)}"
+    stats = run(cfg(tmp_path, train_source=source, answer_only_share=0.25, seed=7))
+    train, grpo = read_jsonl(tmp_path / "out" / "train.jsonl"), read_jsonl(tmp_path / "out" / "grpo.jsonl")
+    assert len(train) == 30 and len(grpo) == 10 and stats["counts"]["train"] == 30
+    assert {r["solution"] for r in grpo} == {""} and not ({r["id"] for r in train} & {r["id"] for r in grpo})
+    assert sorted(r["id"] for r in train + grpo) == sorted(f"train-{i}" for i in range(1, 41))
+    assert [r["id"] for r in grpo] != [f"train-{i}" for i in range(31, 41)]  # drawn, not the tail
+    run(cfg(tmp_path, train_source=source, answer_only_share=0.25, seed=7))
+    assert read_jsonl(tmp_path / "out" / "grpo.jsonl") == grpo  # same seed, same split
+
+
+def test_answer_only_settings_fail_early_naming_the_key(tmp_path):
+    from components.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="synthetic_answer_only_min_steps .* is above"):
+        DataConfig(synthetic_answer_only_min_steps=4, synthetic_answer_only_max_steps=2)
+    with pytest.raises(ConfigError, match="needs data.train_source=synthetic; .* data.answer_only_share"):
+        DataConfig(train_source="jsonl:x.jsonl", synthetic_answer_only_size=10)

@@ -404,3 +404,36 @@ def test_the_run_tells_its_story_in_mlflow_and_prefect(toy):
     assert client.get_run(s2.run_id).info.run_name == s2.name
     flow_run_id = client.get_run(s2.run_id).data.tags["grpoflow.prefect.flow_run_id"]
     assert _prefect_story(flow_run_id)[0] == s2.name
+
+
+def test_summary_states_correctness_and_format_apart():
+    """The demo's situation: GRPO tags every answer (strict accuracy up) while its answers are no
+    more often right. The terminal summary and the MLflow description say so in words."""
+    from components.evaluate import comparisons
+    from components.scoring import item_metrics as score
+    from pipelines.results import RunSummary
+    from pipelines.summary import format_run_summary, summary_markdown
+
+    def items(right: int, tagged: int) -> list[dict[str, object]]:
+        return [{"id": f"q{i}", "correct": i < min(right, tagged), "correct_flexible": i < right,
+                 "format_ok": i < tagged, "completion_tokens": 10} for i in range(600)]
+
+    results = {"sft": (None, items(right=80, tagged=15)), "grpo": (None, items(right=72, tagged=596))}
+    results = {m: (score(it), it) for m, (_, it) in results.items()}
+    summary = RunSummary(
+        name="abc1234", run_id="r", experiment_id="1", tracking_uri="sqlite:///mlflow.db", pull="skipped",
+        push="skipped", stages=[], metrics={m: r[0] for m, r in results.items()},
+        comparison=comparisons(results, "accuracy_strict"), registration=None, decision=None, reports={}, alpha=0.05,
+    )
+    text = format_run_summary(summary)
+    line = next(x for x in text.splitlines() if x.startswith("  grpo vs sft:"))
+    assert "correctness (accuracy_flexible, the answer is right) sft 13.3% -> grpo 12.0%, -1.3 points" in line
+    assert "format (the answer is tagged) sft 2.5% -> grpo 99.3%" not in line  # formats carry no model names
+    assert "format (the answer is tagged) 2.5% -> 99.3%" in line
+    assert line.endswith("the gain is format, not correctness (correctness fell)")
+    assert "**grpo vs sft** (same items): correctness" in summary_markdown(summary)
+    assert "the gain is format, not correctness" in summary_markdown(summary)
+
+    results["grpo"] = (score(items(right=120, tagged=596)), items(right=120, tagged=596))
+    summary.metrics["grpo"], summary.comparison = results["grpo"][0], comparisons(results, "accuracy_strict")
+    assert format_run_summary(summary).split("grpo vs sft: ")[1].splitlines()[0].endswith(": correctness rose")

@@ -30,7 +30,7 @@ from tests.servers import prefect_server as prefect_server_cmd
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"
 BIN = Path(sys.executable).parent
-GPU_STAGES = {"sft", "grpo", "evaluate"}
+GPU_STAGES = {"sft", "selection", "grpo", "evaluate"}
 
 
 def run(cmd: list[str], timeout: float = 180, **kw) -> subprocess.CompletedProcess:

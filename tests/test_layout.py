@@ -226,3 +226,14 @@ def test_file_list_follows_the_tree():
     assert len(listed) == len(set(listed))
     assert sorted(files - set(listed)) == []
     assert sorted(set(listed) - files) == []
+
+
+def test_no_module_shadows_the_standard_library():
+    """components/vllm_worker.py runs as a script, so components/ is first on its sys.path: a module
+    there named like a standard-library one (a stage called `select`) replaced it for every import in
+    that process (subprocess imports `select`), and vLLM generation fell back to transformers."""
+    import sys
+
+    for folder in ("components", "pipelines", "benchmarks"):
+        clash = sorted(p.stem for p in (REPO / folder).glob("*.py") if p.stem in sys.stdlib_module_names)
+        assert clash == [], f"{folder}/: {clash} shadow standard-library modules"

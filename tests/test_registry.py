@@ -277,3 +277,53 @@ def test_gate_reevaluates_a_champion_evaluated_on_other_items(repo, monkeypatch)
     assert decision.decision == "rejected" and decision.numbers["b"] == decision.numbers["c"] == 0
     artifacts = [a.path for a in client.list_artifacts(v2.run_id, "promotion")]
     assert artifacts == ["promotion/champion_v1_items.json"]
+
+
+def write_items(root: Path, strict: list[bool], flexible: list[bool], tagged: list[bool]) -> None:
+    """grpo.items.jsonl with the three judgements the evaluate stage writes per item."""
+    ev = root / "reports" / "eval"
+    ev.mkdir(parents=True, exist_ok=True)
+    with open(ev / "grpo.items.jsonl", "w") as fh:
+        for i, (c, f, t) in enumerate(zip(strict, flexible, tagged, strict=True)):
+            fh.write(json.dumps({"id": f"q{i}", "completion": "x", "extracted": "1", "correct": c,
+                                 "correct_flexible": f, "format_ok": t}) + "\n")
+    (ev / "grpo.json").write_text(json.dumps({"accuracy_strict": sum(strict) / len(strict), "n": len(strict),
+                                              **EVALUATED_ON}))
+    (ev / "sft.json").write_text(json.dumps({"accuracy_strict": 0.1, "n": len(strict)}))
+
+
+def test_gate_says_when_the_gain_is_format_and_uses_the_metric_param(repo):
+    """A challenger that only learned to tag its answers: strict accuracy +20 points, correctness
+    unchanged. The default gate (strict) promotes it and says the gain is format, not correctness;
+    with evaluate.primary_metric=accuracy_flexible the gate pairs correctness and keeps the champion."""
+    import mlflow
+
+    params = load_params()
+    configure(params)
+    client = mlflow.MlflowClient()
+    n = 200
+    right = [i < 60 for i in range(n)]  # 30% correct, for both versions
+    write_items(repo, [i < 20 for i in range(n)], right, [i < 20 or i >= 60 for i in range(n)])  # champion: few tagged
+    gate(params, register(params, lineage("7" * 32), new_run(params), repo), repo)
+    write_items(repo, right, right, [True] * n)  # challenger: the same answers, all tagged
+
+    flexible = load_params(overrides=["evaluate.primary_metric=accuracy_flexible"])
+    kept = gate(flexible, register(flexible, lineage("8" * 32), new_run(flexible), repo), repo)
+    assert kept.decision == "rejected" and kept.numbers["metric"] == "accuracy_flexible"
+    assert kept.numbers["delta"] == 0.0 and "v2 accuracy_flexible 0.3000 vs champion v1 0.3000" in kept.reason
+
+    promoted = gate(params, register(params, lineage("9" * 32), new_run(params), repo), repo)
+    assert promoted.decision == "promoted" and promoted.numbers["metric"] == "accuracy_strict"
+    reason = client.get_model_version("grpoflow-policy", promoted.version).tags["promotion.reason"]
+    assert "correctness (accuracy_flexible, the answer is right) champion v1 30.0% -> v3 30.0%, +0.0 points" in reason
+    assert "format (the answer is tagged) 80.0% -> 100.0%" in reason
+    assert reason.endswith("the gain is format, not correctness")
+
+
+def test_gate_on_flexible_names_items_without_the_column(repo):
+    params = load_params(overrides=["evaluate.primary_metric=accuracy_flexible"])
+    write_eval(repo, [i < 40 for i in range(100)])  # items without correct_flexible
+    gate(params, register(params, lineage("a" * 32), new_run(params), repo), repo)
+    write_eval(repo, [i < 80 for i in range(100)])
+    with pytest.raises(InputError, match=r"grpo.items.jsonl: item q0 has no boolean 'correct_flexible'"):
+        gate(params, register(params, lineage("b" * 32), new_run(params), repo), repo)

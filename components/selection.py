@@ -1,0 +1,205 @@
+"""Stage `selection`: the prompts GRPO trains on, chosen by the SFT model's pass rate (offline dynamic
+sampling, as in DAPO; TRL's GRPOTrainer does not offer it).
+
+A GRPO group whose completions all earn the same reward has zero advantage: no learning signal.
+For a prompt the model never solves, or always solves, that is every group. This stage samples
+`selection.num_samples` (k) completions per candidate from `selection.model_dir` (the SFT model GRPO
+starts from) at `grpo.temperature`, on vLLM where available (components/generation.py, as the
+evaluate stage), scores them with the shared checker (components/gsm8k.py; `selection.mode`:
+flexible = the right answer, strict = the right answer in the `<answer>` tag, what the accuracy
+reward pays) and keeps the prompts whose pass rate is in the band: by default 0 < p < 1, some but
+not all samples right (`selection.keep_unsolved`, `selection.keep_solved`,
+`selection.min_pass_rate`, `selection.max_pass_rate`).
+
+Candidates are the first `selection.max_candidates` problems of `<data.output_dir>/grpo.jsonl`.
+Writes, each atomically:
+- `selection.output_file`: the kept problems with `pass_rate` and `greedy_correct` (GRPO reads it);
+- `selection.metrics_file`: candidates, kept, never_solved, always_solved, below/above the band,
+  mean pass rate, seconds (DVC metrics);
+- `selection.histogram_file`: prompts per pass rate, and whether the band keeps it (DVC plot data;
+  the same histogram is the MLflow figure `selection/pass_rates.png`).
+If fewer than `selection.min_prompts` prompts (or one GRPO step's) are kept, the stage stops with the
+counts and the params to turn, and writes nothing: GRPO never trains on (almost) nothing.
+
+    python -m components.selection
+    python -m components.selection -S selection.keep_unsolved=true -S selection.max_candidates=400
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from components.entry import stage_main
+from components.errors import DataError
+from components.params import Params
+
+STAGE = "selection"
+
+
+def in_band(rate: float, cfg: Any) -> bool:
+    """Whether a prompt with this pass rate is kept.
+
+    >>> from components.params import SelectionParams
+    >>> [in_band(p, SelectionParams()) for p in (0.0, 0.125, 0.875, 1.0)]
+    [False, True, True, False]
+    >>> [in_band(p, SelectionParams(keep_unsolved=True, max_pass_rate=0.5)) for p in (0.0, 0.5, 0.625)]
+    [True, True, False]
+    """
+    if rate == 0.0 and not cfg.keep_unsolved:
+        return False
+    if rate == 1.0 and not cfg.keep_solved:
+        return False
+    return cfg.min_pass_rate <= rate <= cfg.max_pass_rate
+
+
+def prompts_per_step(params: Params) -> int:
+    """Prompts one GRPO optimizer step consumes: completions per step / the group size G."""
+    t = params.grpo.trainer
+    completions = int(t.get("per_device_train_batch_size") or 8) * int(t.get("gradient_accumulation_steps") or 1)
+    return max(1, completions // params.grpo.num_generations)
+
+
+def count(rates: list[float | None], kept: list[bool], k: int) -> dict[str, Any]:
+    """The stage's metrics from the candidates' pass rates and the keep decisions.
+
+    >>> c = count([0.0, 0.0, 0.5, 1.0], [False, False, True, False], 2)
+    >>> c["candidates"], c["kept"], c["never_solved"], c["always_solved"], c["mean_pass_rate"]
+    (4, 1, 2, 1, 0.375)
+    """
+    scored = [r for r in rates if r is not None]
+    return {
+        "candidates": len(rates),
+        "kept": sum(kept),
+        "never_solved": sum(r == 0.0 for r in scored),
+        "always_solved": sum(r == 1.0 for r in scored),
+        "dropped_in_between": sum(1 for r, keep in zip(rates, kept, strict=True) if r not in (None, 0.0, 1.0) and not keep),
+        "mean_pass_rate": sum(scored) / len(scored) if scored else None,
+        "kept_mean_pass_rate": (sum(r for r, keep in zip(rates, kept, strict=True) if keep and r is not None)
+                                / max(1, sum(kept))) if scored else None,
+        "num_samples": k,
+    }
+
+
+def histogram(rates: list[float | None], k: int, cfg: Any) -> list[dict[str, Any]]:
+    """Prompts per pass rate (0, 1/k, ..., 1) and whether the band keeps that rate.
+
+    >>> from components.params import SelectionParams
+    >>> histogram([0.0, 0.5, 0.5], 2, SelectionParams())
+    [{'pass_rate': 0.0, 'prompts': 1, 'kept': False}, {'pass_rate': 0.5, 'prompts': 2, 'kept': True}, {'pass_rate': 1.0, 'prompts': 0, 'kept': False}]
+    """
+    if not k:
+        return []
+    counts = Counter(round(r * k) for r in rates if r is not None)
+    return [{"pass_rate": j / k, "prompts": counts.get(j, 0), "kept": in_band(j / k, cfg)} for j in range(k + 1)]
+
+
+def pass_rates(params: Params, rows: list[dict[str, str]]) -> tuple[list[float], list[bool], str]:
+    """(pass rate of the k samples, greedy answer right, backend) per problem."""
+    from components import gsm8k
+    from components.generation import GenerationSettings, generate
+    from components.modelio import load_tokenizer
+
+    cfg = params.selection
+    tokenizer = load_tokenizer(cfg.model_dir)
+    prompts = [gsm8k.render_prompt(r["question"], tokenizer) for r in rows]
+    settings = GenerationSettings(
+        max_new_tokens=cfg.max_new_tokens, dtype=params.evaluate.dtype, seed=cfg.seed, num_samples=cfg.num_samples,
+        temperature=params.grpo.temperature, vllm_python=params.evaluate.vllm_python,
+        vllm_args=dict(params.evaluate.vllm_args),
+    )
+    gen = generate(cfg.model_dir, prompts, settings, cfg.backend, tokenizer=tokenizer)
+    rates = [sum(gsm8k.is_correct(s, r["gold"], cfg.mode) for s in samples) / len(samples)
+             for samples, r in zip(gen.samples, rows, strict=True)]
+    greedy = [gsm8k.is_correct(c, r["gold"], cfg.mode) for c, r in zip(gen.completions, rows, strict=True)]
+    return rates, greedy, gen.backend
+
+
+def too_few(counts: dict[str, Any], needed: int, per_step: int) -> str:
+    return (
+        f"selection kept {counts['kept']} of {counts['candidates']} prompts (never solved {counts['never_solved']}, "
+        f"always solved {counts['always_solved']}, in between but outside the band {counts['dropped_in_between']}); "
+        f"GRPO needs at least {needed} (selection.min_prompts, and one step's {per_step}). Widen the band "
+        "(selection.keep_unsolved=true, selection.min_pass_rate / max_pass_rate), raise selection.max_candidates or "
+        "selection.num_samples, or lower selection.min_prompts"
+    )
+
+
+def run(params: Params) -> dict[str, Any]:
+    """Score the candidates, keep the band, write the outputs; returns the metrics."""
+    from components.files import csv_bytes, json_bytes, jsonl_bytes, write_bytes
+    from components.modelio import require_model_dir
+    from components.sources import read_split
+
+    cfg = params.selection
+    require_model_dir(cfg.model_dir, "SFT model", "sft")
+    rows = read_split(Path(params.data.output_dir) / "grpo.jsonl", limit=cfg.max_candidates or None)
+    start = time.monotonic()
+    if cfg.num_samples:
+        rates, greedy, backend = pass_rates(params, rows)
+        kept = [in_band(r, cfg) for r in rates]
+    else:  # no sampling: every candidate, no pass rate
+        rates, greedy, backend, kept = [None] * len(rows), [None] * len(rows), "none", [True] * len(rows)
+    counts = count(rates, kept, cfg.num_samples)
+    counts.update(seconds=round(time.monotonic() - start, 1), backend=backend)
+    per_step = prompts_per_step(params)
+    needed = max(cfg.min_prompts, per_step)
+    if counts["kept"] < needed:
+        raise DataError(too_few(counts, needed, per_step))
+    selected = [{**row, "pass_rate": rate, "greedy_correct": g}
+                for row, rate, g, keep in zip(rows, rates, greedy, kept, strict=True) if keep]
+    hist = histogram(rates, cfg.num_samples, cfg)
+    write_bytes(cfg.output_file, jsonl_bytes(selected))
+    write_bytes(cfg.histogram_file, csv_bytes(hist, ["pass_rate", "prompts", "kept"]))
+    write_bytes(cfg.metrics_file, json_bytes(counts))
+    return {"metrics": counts, "histogram": hist}
+
+
+def histogram_figure(hist: list[dict[str, Any]], k: int):
+    """Bar chart of prompts per pass rate, kept rates in one colour, dropped ones in another."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar([h["pass_rate"] for h in hist], [h["prompts"] for h in hist], width=0.8 / k,
+           color=["tab:green" if h["kept"] else "tab:gray" for h in hist])
+    ax.set_xlabel(f"pass rate of the SFT model ({k} samples per prompt)")
+    ax.set_ylabel("prompts")
+    ax.set_title("GRPO prompt selection: kept (green), no signal or outside the band (gray)")
+    ax.title.set_fontsize(9)
+    fig.tight_layout()
+    return fig
+
+
+def run_tracked(params: Params) -> dict[str, Any]:
+    """The stage inside its MLflow run: counts as metrics, the histogram as a figure."""
+    import mlflow
+
+    from components.tracking import stage_run
+
+    with stage_run(STAGE, params):
+        out = run(params)
+        m = out["metrics"]
+        mlflow.log_metrics({k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        mlflow.log_artifact(params.selection.histogram_file, artifact_path=STAGE)
+        if out["histogram"]:
+            fig = histogram_figure(out["histogram"], params.selection.num_samples)
+            mlflow.log_figure(fig, f"{STAGE}/pass_rates.png")
+    print(
+        f"selection: kept {m['kept']} of {m['candidates']} prompts (never solved {m['never_solved']}, always solved "
+        f"{m['always_solved']}) -> {params.selection.output_file} ({m['seconds']} s, {m['backend']})"
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    return stage_main(STAGE, __doc__, run_tracked, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

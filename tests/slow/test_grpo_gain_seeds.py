@@ -1,0 +1,51 @@
+"""`benchmarks/grpo_gain.py --seeds` on a tiny configuration: the whole recipe once per data seed
+(each its own test split), one object per seed with the keys benchmarks/RESULTS.md quotes, and the
+pooled GRPO - SFT comparison over every seed's items. A few minutes on two cores.
+
+    pytest -q tests/slow/test_grpo_gain_seeds.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import grpo_gain
+from components.stats import compare_paired
+from tests.slow.test_grpo_gain import TINY
+
+pytestmark = pytest.mark.slow
+
+# A 4-step SFT model solves nothing: keep the unsolved prompts so that GRPO has some.
+SELECT = ["selection.num_samples=2", "selection.keep_unsolved=true", "selection.min_prompts=1",
+          "selection.max_new_tokens=16", "selection.backend=transformers"]
+
+
+def test_seeds_run_the_recipe_per_data_seed_and_pool_the_items(tmp_path, capsys):
+    keep = tmp_path / "gain"
+    assert grpo_gain.main([*(a for o in [*TINY, *SELECT] for a in ("-S", o)), "--seeds", "11,12", "--k", "2",
+                           "--sample-items", "4", "--keep", str(keep)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [r["seed"] for r in result["seeds"]] == [11, 12]
+    for run in result["seeds"]:
+        for key in ("n", "sft_accuracy_flexible", "grpo_accuracy_flexible", "sft_continued_accuracy_flexible",
+                    "training_seconds", "sft_sampled_accuracy", "grpo_sampled_accuracy", "sft_pass_at_k",
+                    "grpo_pass_at_k"):
+            assert key in run, key
+        assert run["n"] == 8
+        parts = run["sft_seconds"] + run["selection_seconds"] + run["grpo_seconds"]
+        assert run["training_seconds"] == pytest.approx(parts, abs=0.2)
+    # each seed ran in its own folder on its own data
+    tests = [(keep / f"seed-{s}" / "data" / "processed" / "test.jsonl").read_text() for s in (11, 12)]
+    assert tests[0] != tests[1]
+    # the pooled test is the exact McNemar over both seeds' paired items, re-derived from the items
+    pairs = []
+    for s in (11, 12):
+        items = {m: {json.loads(x)["id"]: json.loads(x) for x in open(keep / f"seed-{s}" / "items" / f"{m}.jsonl")}
+                 for m in ("sft", "grpo")}
+        pairs += [(g["correct_flexible"], items["sft"][i]["correct_flexible"]) for i, g in items["grpo"].items()]
+    expected = compare_paired([g for g, _ in pairs], [s for _, s in pairs])
+    pooled = result["pooled"]
+    assert pooled["n"] == 16 == expected["n"]
+    assert pooled["delta"] == expected["delta"] and pooled["p_value"] == expected["p_value"]
