@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from components.config import DataParams
+from components.config import DataParams, load_params
 from components.data import DataError, run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -257,8 +257,8 @@ def test_synthetic_generator_defaults_draw_the_original_stream():
     assert [synthetic_problem(a) for _ in range(50)] == [synthetic_problem(b, 3, 20) for _ in range(50)]
 
 
-def synthetic_cfg(tmp_path: Path, **kw) -> DataConfig:
-    return DataConfig(**{"synthetic_train_size": 200, "synthetic_test_size": 100, "synthetic_max_steps": 2,
+def synthetic_cfg(tmp_path: Path, **kw) -> DataParams:
+    return DataParams(**{"synthetic_train_size": 200, "synthetic_test_size": 100, "synthetic_max_steps": 2,
                          "output_dir": str(tmp_path / "out"), **kw})
 
 
@@ -311,6 +311,6 @@ def test_answer_only_settings_fail_early_naming_the_key(tmp_path):
     from components.errors import ConfigError
 
     with pytest.raises(ConfigError, match="synthetic_answer_only_min_steps .* is above"):
-        DataConfig(synthetic_answer_only_min_steps=4, synthetic_answer_only_max_steps=2)
+        load_params(None, ["data.synthetic_answer_only_min_steps=4", "data.synthetic_answer_only_max_steps=2"])
     with pytest.raises(ConfigError, match="needs data.train_source=synthetic; .* data.answer_only_share"):
-        DataConfig(train_source="jsonl:x.jsonl", synthetic_answer_only_size=10)
+        load_params(None, ["data.train_source=jsonl:x.jsonl", "data.synthetic_answer_only_size=10"])

@@ -114,13 +114,19 @@ def test_modules_are_small():
     assert sizes["pipelines/training.py"] < FLOW_MAX_LINES
 
 
+# The one deliberate exception (dvc.yaml's header says why): the selection stage samples with the
+# evaluation engine, which stays evaluate's dep alone.
+NOT_DEPS = {"selection": {"components/generation.py", "components/vllm_backend.py", "components/vllm_worker.py"}}
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_dvc_deps_list_every_module_the_stage_imports(stage):
     entry = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][stage]
     deps = {d for d in entry["deps"] if isinstance(d, str)}
     needed = {
         str(MODULES[m].relative_to(REPO)) for m in closure(f"components.{stage}") if m not in PACKAGES
-    }
+    } - NOT_DEPS.get(stage, set())
+    assert NOT_DEPS.get(stage, set()) <= {str(MODULES[m].relative_to(REPO)) for m in closure(f"components.{stage}")}
     assert sorted(needed - deps) == []
     declared_code = {d for d in deps if d.endswith(".py")}
     assert sorted(declared_code - needed) == []  # no stale entries either
@@ -133,6 +139,7 @@ RERUNS = {
     "components/signal_monitor.py": {"grpo"},
     "components/grpo.py": {"grpo"},
     "components/sft.py": {"sft"},
+    "components/selection.py": {"selection"},
     "components/finetune.py": {"sft", "grpo"},
     "components/train_samples.py": {"sft", "grpo"},
     "components/evaluate.py": {"evaluate"},

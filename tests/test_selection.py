@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from components import selection
-from components.config import DataConfig, ModelConfig, SelectionConfig, load_params
+from components.config import load_params
 from components.errors import ConfigError
+from components.params import DataParams, ModelParams, SelectionParams
 
 TINY = dict(tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=128)
 
@@ -27,9 +28,9 @@ def workspace(tmp_path_factory):
     from components.modelio import save_model
 
     root = tmp_path_factory.mktemp("selectrepo")
-    data.run(DataConfig(output_dir=str(root / "data/processed"), synthetic_train_size=40, synthetic_test_size=4,
+    data.run(DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=40, synthetic_test_size=4,
                         synthetic_max_steps=1, synthetic_answer_only_size=24))
-    model, tok = model_stage.build_tiny(ModelConfig(seed=1, **TINY), root / "data/processed/train.jsonl")
+    model, tok = model_stage.build_tiny(ModelParams(seed=1, **TINY), root / "data/processed/train.jsonl")
     save_model(model, tok, root / "models/sft")
     return root
 
@@ -112,9 +113,9 @@ def test_the_stage_logs_counts_and_the_histogram_figure_to_mlflow(workspace):
     ],
 )
 def test_band(settings, rates, kept):
-    assert [selection.in_band(r, SelectionConfig(**settings)) for r in rates] == kept
+    assert [selection.in_band(r, SelectionParams(**settings)) for r in rates] == kept
 
 
 def test_an_empty_band_fails_naming_both_keys():
     with pytest.raises(ConfigError, match=r"selection.min_pass_rate \(0.8\) is above selection.max_pass_rate \(0.2\)"):
-        SelectionConfig(min_pass_rate=0.8, max_pass_rate=0.2)
+        load_params(None, ["selection.min_pass_rate=0.8", "selection.max_pass_rate=0.2"])

@@ -116,6 +116,7 @@ def sft_workdir(tmp_path_factory) -> Path:
     """A workdir where the SFT stage has run (4 steps); tests take copies of it."""
     workdir = make_workdir(tmp_path_factory.mktemp("sft"))
     stage(workdir, "sft")
+    stage(workdir, "selection", "selection.num_samples=0", "selection.min_prompts=1")  # GRPO's prompts
     return workdir
 
 
