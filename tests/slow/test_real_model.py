@@ -19,14 +19,13 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from components.generation import resolve_vllm_python, vllm_importable
 from tests.project_repo import git, make_project_repo
-from tests.servers import free_port, stop
+from tests.servers import served
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -87,25 +86,22 @@ def test_smollm2_through_the_pipeline_registered_and_served(tmp_path):
     assert versions[0].tags["lineage.base.gguf_sha256"] == source["gguf_sha256"]  # the GGUF file in the lineage
 
     out = run([py, "-m", "pipelines.cli", "evaluate", "--model", "models/base", "--limit", "10"], repo, env).stdout
-    assert "accuracy" in out
+    report = json.loads((repo / "reports/eval/cli/base/base.json").read_text())
+    assert report["n"] == 10 and f'"accuracy_flexible": {json.dumps(report["accuracy_flexible"])}' in out  # printed
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}/v1"
     log = tmp_path / "serve.log"
-    with open(log, "wb") as sink:
-        server = subprocess.Popen([py, "-m", "pipelines.cli", "serve", "models:/grpoflow-policy/1", "--port", str(port)],
-                                  cwd=repo, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 900
-        while "is ready at" not in log.read_text(errors="replace"):
-            assert server.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
-            time.sleep(2)
-        client = openai.OpenAI(base_url=base, api_key="unused")
+
+    def serve(port: int) -> list[str]:
+        return [py, "-m", "pipelines.cli", "serve", "models:/grpoflow-policy/1", "--port", str(port)]
+
+    def ready(server) -> bool:
+        return "is ready at" in log.read_text(errors="replace")
+
+    with served(serve, "", log, env=env, cwd=repo, timeout=900, ready=ready) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
         reply = client.chat.completions.create(
             model="grpoflow-policy/1", messages=[{"role": "user", "content": "What is 12 + 30? Answer briefly."}],
             temperature=0, max_tokens=48,
         )
         assert reply.choices[0].message.content.strip()
         assert reply.choices[0].finish_reason in ("stop", "length")
-    finally:
-        stop(server)
