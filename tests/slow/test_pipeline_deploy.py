@@ -58,13 +58,13 @@ def wait_final(env, flow_run_id, timeout, procs=()) -> str:
 
 
 def trigger(env, name, parameters):
+    """Start a run of deployment `name` on the test's server (named explicitly: this process may have a
+    Prefect temporary server of its own from an earlier in-process flow, which the client would use)."""
     from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    os.environ["PREFECT_API_URL"] = env["PREFECT_API_URL"]
-    try:
+    with temporary_settings(updates={PREFECT_API_URL: env["PREFECT_API_URL"]}):
         return run_deployment(name, parameters=parameters, timeout=0).id
-    finally:
-        del os.environ["PREFECT_API_URL"]
 
 
 def test_deploy_then_worker_runs_it_and_serve_runs_its_own(server, tmp_path):
