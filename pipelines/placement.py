@@ -89,6 +89,11 @@ def submit(stage: str, kind: str, run: PipelineRun) -> StageResult:
 
     root = Path(run.root)
     commit = head_commit(root)
+    # A stage that ran here (placement local) left its outputs in this checkout's cache only; the pool's
+    # working copy pulls its inputs from the remote, so they go there first.
+    rc, tail = dvc_ops.push(root, stage_env(run.run_id, run.tracking_uri))
+    if rc != 0:
+        raise StageFailed(f"stage '{stage}': the outputs it needs could not be pushed to the DVC remote:\n{tail}")
     lock = root / "dvc.lock"
     parameters = {
         "stage": stage, "commit": commit, "params_yaml": (root / "params.yaml").read_text(),

@@ -1,6 +1,7 @@
-"""Every stage in its own working copy and process, placed on a Prefect work pool, with the
-artifacts handed over through the DVC remote and the tracking on a shared MLflow server; then
-the same params locally: the evaluation metrics must be equal to the last digit.
+"""Every stage but `selection` in its own working copy and process, placed on a Prefect work pool,
+with the artifacts handed over through the DVC remote and the tracking on a shared MLflow server
+(`selection` runs in the flow's checkout: the placed `grpo` after it pulls what it made); then the
+same params locally: the evaluation metrics must be equal to the last digit.
 
 Real services, no Docker: a `prefect server start`, a `process` work pool with a worker, an
 `mlflow server` on SQLite and a folder DVC remote.
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.skipif(
     os.environ.get("GRPOFLOW_TEST_DISTRIBUTED") != "1", reason="distributed test: run `make test-distributed`"
 )
 BIN = Path(sys.executable).parent
-STAGES = ("data", "model", "sft", "grpo", "evaluate")
+STAGES = ("data", "model", "sft", "grpo", "evaluate")  # placed on the pool; selection stays local
 SAME = ("n", "accuracy_strict", "accuracy_flexible", "format_rate", "mean_completion_tokens", "test_sha256")
 
 
