@@ -58,7 +58,8 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
 
-def _healthy(url: str) -> bool:
+def answers(url: str) -> bool:
+    """True when `url` answers (any 2xx/3xx) within 5 s."""
     try:
         with urllib.request.urlopen(url, timeout=5):
             return True
@@ -80,7 +81,7 @@ def served(
             proc = subprocess.Popen(cmd(port), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                     start_new_session=True)
         server = Server(proc, port)
-        up = ready or (lambda s: _healthy(s.url + health_path))
+        up = ready or (lambda s: answers(s.url + health_path))
         try:
             deadline = time.monotonic() + timeout
             while not up(server):

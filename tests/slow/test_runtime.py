@@ -12,12 +12,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.servers import free_port
+from tests.project_repo import wait_for
+from tests.servers import answers, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -86,22 +86,6 @@ def wait_gone(procs: dict[int, str], timeout: float = 30.0) -> dict[int, str]:
     return left
 
 
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2):
-            return True
-    except OSError:
-        return False
-
-
-def wait_for(predicate, what: str, proc: subprocess.Popen, timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert proc.poll() is None, f"{what}: the process exited with {proc.returncode}"
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
-        time.sleep(0.2)
-
-
 def test_a_flow_killed_with_sigkill_leaves_no_prefect_server(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     proc = subprocess.Popen([sys.executable, "-c", FLOW], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -126,7 +110,7 @@ def test_ui_stopped_with_sigterm_leaves_no_server(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{port}/health"
-        wait_for(lambda: answers(url), "the MLflow UI answering", proc)
+        wait_for(lambda: answers(url), DEADLINE_S, "the MLflow UI answering", proc)
         below = descendants(proc.pid)
         assert len(below) >= 3, below  # the guard, mlflow server, its uvicorn
         proc.send_signal(signal.SIGTERM)
