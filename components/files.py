@@ -143,16 +143,19 @@ def write_files(out_dir: str | os.PathLike, files: dict[str, bytes]) -> list[Pat
     """Write every file into a temporary folder inside `out_dir`, then rename each into place.
 
     Nothing in `out_dir` changes until all files are written, so a failure leaves the
-    previous files as they were; other files in the folder are left alone.
+    previous files as they were; other files in the folder are left alone. A name may hold a
+    subfolder (`metrics/sft.json`).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out))
     try:
         for name, data in files.items():
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / name).write_bytes(data)
             (tmp / name).chmod(0o644)
         for name in files:
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp / name, out / name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

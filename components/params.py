@@ -171,7 +171,7 @@ GRPO_TRAINER_DEFAULTS: dict[str, Any] = {
 def _metrics_file(stage: str) -> Any:
     return _f(
         f"reports/train/{stage}.json",
-        "The stage's summary metrics (a DVC metrics file): steps, loss, seconds, samples.",
+        "The stage's summary: steps, loss, seconds, samples (a DVC-tracked output; `dvc metrics show FILE`).",
         path="output_file", fingerprint=False,
     )
 
@@ -360,7 +360,7 @@ class SelectionParams:
     )
     metrics_file: str = _f(
         "reports/train/selection.json",
-        "Counts (candidates, kept, never solved, always solved, below/above the band) and seconds (DVC metrics).",
+        "Counts: candidates, kept, never solved, always solved (DVC metrics).",
         path="output_file",
     )
     histogram_file: str = _f(
@@ -415,7 +415,8 @@ class RewardsParams:
 @dataclass
 class EvaluateParams:
     output_dir: str = _f(
-        "reports/eval", "Where <model>.json metrics, <model>.items.jsonl per-item results and comparison.json go.",
+        "reports/eval", "Where <model>.json metrics, <model>.items.jsonl per-item results, comparison.json and "
+        "metrics/<model>.json (the headline: the DVC metrics files) go.",
         path="output_dir",
     )
     include_base: bool = _f(False, "Also evaluate the base model (model.base_dir) and compare GRPO against it.")

@@ -1,10 +1,11 @@
 """The evaluation reports on disk and in MLflow: written by the evaluate stage and `grpoflow evaluate`,
 read by the registry, the promotion gate and the run summary.
 
-In `evaluate.output_dir`: `<model>.json` (metrics, a DVC metrics file), `<model>.items.jsonl`
-(one scored row per problem; the promotion gate pairs items by id), `comparison.json` and
+In `evaluate.output_dir`: `<model>.json` (every metric of the model), `<model>.items.jsonl`
+(one scored row per problem; the promotion gate pairs items by id), `comparison.json`,
 `accuracy.csv` (accuracy per model and metric with its Wilson interval: the data of the accuracy
-plot in dvc.yaml).
+plot in dvc.yaml) and `metrics/<model>.json` (the headline: correctness, format and n; the DVC
+metrics files, small enough that `dvc metrics show` fits a terminal).
 All files of one evaluation appear together (components/files.py `write_files`).
 """
 
@@ -23,18 +24,31 @@ Results = dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]  # {model: (met
 COMPARISON = "comparison"
 ACCURACY_CSV = "accuracy.csv"
 ACCURACY_METRICS = {"strict": "accuracy_strict", "flexible": "accuracy_flexible"}
+HEADLINE_DIR = "metrics"  # `<eval dir>/metrics/<model>.json`: what dvc.yaml declares as metrics
+HEADLINE_KEYS = ("accuracy_flexible", "accuracy_strict", "format_rate", "n")
 
 
 def write_reports(out_dir: str | os.PathLike, results: Results, comparison: dict[str, Any] | None) -> list[Path]:
-    """`<model>.json` and `<model>.items.jsonl` per model (and `comparison.json`), all or none."""
+    """`<model>.json`, `<model>.items.jsonl` and `metrics/<model>.json` per model (and `comparison.json`),
+    all or none."""
     files = {}
     for name, (metrics, items) in results.items():
         files[f"{name}.json"] = json_bytes(metrics)
         files[f"{name}.items.jsonl"] = jsonl_bytes(items)
+        files[f"{HEADLINE_DIR}/{name}.json"] = json_bytes(headline_metrics(metrics))
     if comparison is not None:
         files[f"{COMPARISON}.json"] = json_bytes(comparison)
     files[ACCURACY_CSV] = csv_bytes(accuracy_rows({name: m for name, (m, _) in results.items()}))
     return write_files(out_dir, files)
+
+
+def headline_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The few metrics `dvc metrics show` lists per model: correctness, format and the number of items.
+
+    >>> headline_metrics({"accuracy_flexible": 0.5, "accuracy_strict": 0.25, "format_rate": 0.5, "n": 4, "load_seconds": 2.0})
+    {'accuracy_flexible': 0.5, 'accuracy_strict': 0.25, 'format_rate': 0.5, 'n': 4}
+    """
+    return {key: metrics[key] for key in HEADLINE_KEYS if key in metrics}
 
 
 def accuracy_rows(metrics: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:

@@ -14,8 +14,9 @@ not all samples right (`selection.keep_unsolved`, `selection.keep_solved`,
 Candidates are the first `selection.max_candidates` problems of `<data.output_dir>/grpo.jsonl`.
 Writes, each atomically:
 - `selection.output_file`: the kept problems with `pass_rate` and `greedy_correct` (GRPO reads it);
-- `selection.metrics_file`: candidates, kept, never_solved, always_solved, below/above the band,
-  mean pass rate, seconds (DVC metrics);
+- `selection.metrics_file`: candidates, kept, never_solved, always_solved (DVC metrics; the mean pass
+  rates, the prompts in between but outside the band, the backend and seconds are MLflow metrics
+  and the stage's last log line);
 - `selection.histogram_file`: prompts per pass rate, and whether the band keeps it (DVC plot data;
   the same histogram is the MLflow figure `selection/pass_rates.png`).
 If fewer than `selection.min_prompts` prompts (or one GRPO step's) are kept, the stage stops with the
@@ -38,6 +39,8 @@ from components.errors import DataError
 from components.params import Params
 
 STAGE = "selection"
+METRICS_KEYS = ("candidates", "kept", "never_solved", "always_solved")  # the DVC metrics file: few keys, so
+# that `dvc metrics show` stays readable (its columns are every metrics file's keys together)
 
 
 def in_band(rate: float, cfg: Any) -> bool:
@@ -154,7 +157,7 @@ def run(params: Params) -> dict[str, Any]:
     hist = histogram(rates, cfg.num_samples, cfg)
     write_bytes(cfg.output_file, jsonl_bytes(selected))
     write_bytes(cfg.histogram_file, csv_bytes(hist, ["pass_rate", "prompts", "kept"]))
-    write_bytes(cfg.metrics_file, json_bytes(counts))
+    write_bytes(cfg.metrics_file, json_bytes({key: counts[key] for key in METRICS_KEYS}))
     return {"metrics": counts, "histogram": hist}
 
 

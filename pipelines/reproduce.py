@@ -17,7 +17,7 @@
    --force --single-item evaluate`, with MLFLOW_TRACKING_URI pointing at the copy's own
    `mlflow.db`: nothing is written to this checkout's tracking store.
 4. Prints the recorded metrics beside the re-derived ones (timings are shown, not compared)
-   and which stage outputs came out byte-identical (dvc.lock md5s; DVC metrics files hold
+   and which stage outputs came out byte-identical (dvc.lock md5s; the stages' summaries hold
    timings, so they differ); writes `reproduce.json` in the working copy. Exit 0 only when every compared metric is identical (within --tolerance).
 """
 
@@ -107,12 +107,12 @@ def out_md5s(lock_text: str) -> dict[str, str]:
     return {o["path"]: o.get("md5", "") for entry in stages.values() for o in entry.get("outs") or []}
 
 
-def metrics_files(root: Path) -> set[str]:
-    """The stage outputs DVC declares as metrics files: they hold timings, so they differ between runs."""
-    from dvc.repo import Repo
-
-    with Repo(str(root)) as repo:
-        return {str(o.def_path) for st in repo.index.stages for o in st.outs if getattr(o, "metric", False)}
+def timed_files(params: Any) -> set[str]:
+    """The stage summaries that record seconds, so they differ between runs of the same inputs: the
+    training summaries and every evaluated model's full metrics (not the headline DVC metrics)."""
+    ev = Path(params.evaluate.output_dir)
+    models = ("base", "sft", "grpo") if params.evaluate.include_base else ("sft", "grpo")
+    return {params.sft.metrics_file, params.grpo.metrics_file, *(str(ev / f"{m}.json") for m in models)}
 
 
 def caveats(version_tags: dict[str, str], run_tags: dict[str, str], params: Any = None) -> list[str]:
@@ -241,9 +241,9 @@ def reproduce(params: Params, name: str, version: str, workdir: str | None, from
 
     rows = compare_metrics(recorded, read_metrics(dest / wparams.evaluate.output_dir), tolerance)
     before, after = out_md5s(recorded_lock), out_md5s((dest / "dvc.lock").read_text())
-    timed = metrics_files(dest)
+    timed = timed_files(wparams)
     outputs = {
-        path: "identical" if after.get(path) == md5 else "differs (a metrics file: timings)" if path in timed else "differs"
+        path: "identical" if after.get(path) == md5 else "differs (a summary: timings)" if path in timed else "differs"
         for path, md5 in sorted(before.items())
     }
     ok = all(r["status"] in ("same", "within tolerance", "timing") for r in rows) and bool(rows)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from components.params import Params
-from components.reports import ACCURACY_CSV, headline, read_comparison, read_metrics
+from components.reports import ACCURACY_CSV, HEADLINE_DIR, headline, read_comparison, read_metrics
 from components.tracking import ui_address
 from pipelines.lineage import PipelineRun, run_name
 from pipelines.results import RunSummary, StageResult
@@ -100,11 +100,11 @@ def _model_rank(model: str) -> tuple[int, str]:
 
 
 def reports(params: Params) -> dict[str, list[str]]:
-    """Where a run's reports are: {folder: [files]} (DVC metrics and plot data, git-tracked)."""
+    """Where a run's reports are: {folder: [files]} (summaries, DVC metrics and plot data)."""
     ev = params.evaluate.output_dir
     models = ["base", "sft", "grpo"] if params.evaluate.include_base else ["sft", "grpo"]
     out: dict[str, list[str]] = {ev: [*(f"{m}.json" for m in models), "comparison.json", ACCURACY_CSV,
-                                      *(f"{m}.items.jsonl" for m in models)]}
+                                      *(f"{m}.items.jsonl" for m in models), *(f"{HEADLINE_DIR}/{m}.json" for m in models)]}
     for section in (params.sft, params.selection, params.grpo):
         for path in (section.metrics_file, getattr(section, "history_file", None) or section.histogram_file):
             folder, name = str(Path(path).parent), Path(path).name

@@ -367,7 +367,8 @@ def test_sampled_metrics_are_reported_paired_logged_and_reproducible(workspace):
             f"evaluate.output_dir={workspace / 'reports/sampled' / run}",
         )), [])
         assert evaluate.main(params_args) == 0
-        reports[run] = {p.name: p.read_text() for p in (workspace / "reports/sampled" / run).iterdir()}
+        folder = workspace / "reports/sampled" / run
+        reports[run] = {str(p.relative_to(folder)): p.read_text() for p in folder.rglob("*") if p.is_file()}
     out = workspace / "reports/sampled/a"
     m = json.loads((out / "grpo.json").read_text())
     assert m["num_samples"] == 4 and m["sample_temperature"] == 1.5
@@ -428,12 +429,12 @@ def test_failed_stage_leaves_previous_reports(workspace, tmp_path, capsys):
         (["-S", o] for o in overrides(workspace, "evaluate.limit=2", f"evaluate.output_dir={out}")), []
     )
     assert evaluate.main(params_args) == 0
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     broken = [*params_args, "-S", f"grpo.output_dir={workspace / 'models/missing'}"]
     assert evaluate.main(broken) == 2
     err = capsys.readouterr().err
     assert "grpo model folder" in err and "dvc repro grpo" in err
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_config_rejects_bad_values():

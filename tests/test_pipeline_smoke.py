@@ -13,13 +13,19 @@ import csv
 import hashlib
 import json
 import re
+import subprocess
+import sys
 
 from tests.project_repo import git, make_project_repo, run_ok
 
-TRACKED = [
-    "reports/eval/sft.json", "reports/eval/grpo.json", "reports/eval/comparison.json", "reports/eval/accuracy.csv",
-    "reports/train/sft.json", "reports/train/grpo.json", "reports/train/sft_history.csv",
-    "reports/train/grpo_history.csv", "data/processed/stats.json",
+TRACKED = [  # the headline metrics and the plot data
+    "reports/eval/metrics/sft.json", "reports/eval/metrics/grpo.json", "reports/eval/accuracy.csv",
+    "reports/train/selection.json", "reports/train/selection_pass_rates.csv", "reports/train/sft_history.csv",
+    "reports/train/grpo_history.csv",
+]
+CACHED = [  # the full summaries: DVC outputs, like the item files and models
+    "reports/eval/sft.json", "reports/eval/grpo.json", "reports/eval/comparison.json", "reports/train/sft.json",
+    "reports/train/grpo.json", "data/processed/stats.json",
 ]
 
 
@@ -46,10 +52,19 @@ def test_a_small_pipeline_runs_registers_and_shows_its_results(tmp_path):
     assert "reports: reports/eval/ (sft.json, grpo.json, comparison.json, accuracy.csv" in out
     assert "evaluation backend: transformers" in out
 
-    # Metrics and plot data are files git tracks (item files and models are DVC's).
+    # Metrics and plot data are files git tracks (summaries, item files and models are DVC's).
     status = git(repo, "status", "--porcelain", "--untracked-files=all").splitlines()
     assert sorted(f for f in TRACKED if f"?? {f}" in status) == sorted(TRACKED)
-    assert not [line for line in status if "items.jsonl" in line or "models/" in line]
+    assert not [line for line in status if "items.jsonl" in line or "models/" in line or line[3:] in CACHED]
+    # `dvc metrics show` is the headline, readable in a 200-column terminal; a summary is one name away.
+    shown = subprocess.run([sys.executable, "-m", "dvc", "metrics", "show"], cwd=repo, capture_output=True,
+                           text=True, check=True).stdout
+    assert max(len(line) for line in shown.splitlines()) <= 200, shown
+    assert {"accuracy_flexible", "accuracy_strict", "format_rate", "kept", "reports/eval/metrics/grpo.json"} <= set(
+        shown.split()), shown
+    full = subprocess.run([sys.executable, "-m", "dvc", "metrics", "show", "reports/eval/grpo.json"], cwd=repo,
+                          capture_output=True, text=True, check=True).stdout
+    assert "pass_at_k_flexible" in full and "sampled_accuracy_flexible" in full
     grpo_history = rows(repo / "reports/train/grpo_history.csv")
     assert [r["step"] for r in grpo_history] == ["1", "2"]  # grpo.trainer.max_steps=2, logging_steps=1
     for column in ("loss", "reward", "reward_std", "seed_combined", "seed_combined_std", "kl",

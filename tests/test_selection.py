@@ -79,10 +79,10 @@ def test_kept_prompts_pass_rates_counts_and_histogram(workspace):
     grpo = [json.loads(x) for x in (workspace / "data/processed/grpo.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == [r["id"] for r in grpo[:20]]  # the first max_candidates, all kept
     assert {r["pass_rate"] for r in rows} == {0.0} and {r["solution"] for r in rows} == {""}
+    # The DVC metrics file holds the counts only (few columns in `dvc metrics show`); MLflow gets the rest.
     metrics = json.loads((workspace / "reports/train/selection.json").read_text())
-    assert metrics == out["metrics"]
-    assert (metrics["candidates"], metrics["kept"], metrics["never_solved"], metrics["always_solved"]) == (20, 20, 20, 0)
-    assert metrics["backend"] == "transformers" and metrics["num_samples"] == 2
+    assert metrics == {"candidates": 20, "kept": 20, "never_solved": 20, "always_solved": 0}
+    assert out["metrics"]["backend"] == "transformers" and out["metrics"]["num_samples"] == 2
     hist = (workspace / "reports/train/selection_pass_rates.csv").read_text().splitlines()
     assert hist == ["pass_rate,prompts,kept", "0.0,20,True", "0.5,0,True", "1.0,0,False"]
 

@@ -49,13 +49,15 @@ def test_a_dvc_experiment_compared_with_the_committed_baseline(baseline, tmp_pat
     experiment = base["experiments"][0]["revs"][0]["data"]
     assert experiment["params"]["params.yaml"]["data"]["grpo"]["beta"] == 0.0
     new = json.loads((repo / "reports/eval/grpo.json").read_text())  # exp run applied its results here
-    assert experiment["metrics"]["reports/eval/grpo.json"]["data"]["accuracy_strict"] == new["accuracy_strict"]
-    assert base["data"]["metrics"]["reports/eval/grpo.json"]["data"]["accuracy_strict"] == before["accuracy_strict"]
+    # The headline metrics (reports/eval/metrics/<model>.json) are what DVC compares.
+    headline = "reports/eval/metrics/grpo.json"
+    assert experiment["metrics"][headline]["data"]["accuracy_flexible"] == new["accuracy_flexible"]
+    assert base["data"]["metrics"][headline]["data"]["accuracy_strict"] == before["accuracy_strict"]
 
-    diff = json.loads(dvc(repo, env, "metrics", "diff", "--all", "--json"))["reports/eval/grpo.json"]["accuracy_strict"]
+    diff = json.loads(dvc(repo, env, "metrics", "diff", "--all", "--json"))[headline]["accuracy_strict"]
     assert (diff["old"], diff["new"]) == (before["accuracy_strict"], new["accuracy_strict"])
     text = dvc(repo, env, "metrics", "diff", "--all")
-    assert re.search(r"reports/eval/grpo\.json\s+accuracy_strict\s+\S+\s+\S+\s+\S+", text)
+    assert re.search(r"reports/eval/metrics/grpo\.json\s+accuracy_flexible\s+\S+\s+\S+\s+\S+", text)
 
     # beta 0: no reference model, so TRL logs no KL; the column is there, nan, and plots still render.
     assert all(r["kl"] == "nan" for r in rows(repo / "reports/train/grpo_history.csv"))

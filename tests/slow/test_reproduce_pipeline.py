@@ -2,7 +2,7 @@
 of this project, tests/project_repo.py, that ran every stage and registered grpoflow-policy v1) is
 reproduced by `grpoflow reproduce grpoflow-policy 1`, which re-runs every stage from scratch in a
 clean working copy: every recorded metric comes out identical, and so does every stage output but
-the metrics files, which hold timings (dvc.lock md5s: data, tokenizer, model weights, per-item
+the stages' summaries, which hold timings (dvc.lock md5s: data, tokenizer, model weights, per-item
 results). The baseline evaluated on vLLM when `.venv-vllm` exists, else on transformers.
 
     pytest -q tests/slow/test_reproduce_pipeline.py
@@ -40,8 +40,10 @@ def test_the_baseline_run_reproduces_exactly(baseline, tmp_path):
     assert [r for r in compared if r["status"] != "same"] == []
     assert {"grpo", "sft"} == {r["model"] for r in compared} and len(compared) >= 30  # sampled metrics too
     assert {"maj_at_k_strict", "pass_at_k_flexible", "sampled_accuracy_strict"} <= {r["key"] for r in compared}
-    # Every output but the metrics files (which hold timings) is byte-identical: data, model weights, items.
+    # Every output but the summaries (which hold timings) is byte-identical: data, model weights, items,
+    # the headline DVC metrics.
     differ = {p: s for p, s in report["outputs"].items() if s != "identical"}
-    assert differ and all(s == "differs (a metrics file: timings)" for s in differ.values()), differ
+    assert differ and all(s == "differs (a summary: timings)" for s in differ.values()), differ
+    assert "reports/eval/metrics/grpo.json" in set(report["outputs"]) - set(differ)
     assert {"models/sft", "models/grpo", "reports/eval/grpo.items.jsonl"} <= set(report["outputs"]) - set(differ)
     assert git(repo, "status", "--porcelain") == status_before  # reproducing changed nothing in the checkout
