@@ -52,7 +52,7 @@ def _run(args: argparse.Namespace, root: Path) -> int:
     import time
 
     from pipelines.placement import check_placement
-    from pipelines.runtime import start_prefect_server
+    from pipelines.runtime import TemporaryServer
 
     if getattr(args, "preset", None):
         from pipelines.presets import overrides
@@ -60,7 +60,7 @@ def _run(args: argparse.Namespace, root: Path) -> int:
         args.overrides = [*overrides(args.preset, root / "presets"), *args.overrides]  # -S comes last: it wins
     params = _load_checked(args, root)
     check_placement(params, root, resolve_tracking_uri(params, root))
-    booting = start_prefect_server()
+    server = TemporaryServer.launch()  # boots while Prefect, MLflow and DVC import (None: PREFECT_API_URL is set)
     if args.overrides:  # TRL's own checks of the trainer settings, before -S changes params.yaml
         from components import grpo, sft
 
@@ -76,8 +76,8 @@ def _run(args: argparse.Namespace, root: Path) -> int:
 
     stage_order(root)  # DVC reads dvc.yaml and dvc.lock: a broken one fails here, in one line
     waited = time.perf_counter()
-    if booting is not None:
-        booting.join()
+    if server is not None:
+        server.use()
     ready, startup = time.perf_counter(), _process_age()
     try:
         summary = training_pipeline(overrides=list(args.overrides))

@@ -5,6 +5,8 @@
                                              (reward total and per function, reward std, KL,
                                              completion length, groups without signal, loss)
     read_history(path)                       a history CSV as {column: [float or nan]}
+    log_figures(client, run_id, ...)         the figures that have data, onto a run; drawn once per
+                                             content (CACHE_DIR keeps the last run's images)
 
 The same numbers are in reports/ (dvc.yaml's plots draw them with `dvc plots show`); these
 images put them on the run page, where the MLflow UI shows artifacts.
@@ -13,11 +15,16 @@ images put them on the run page, where the MLflow UI shows artifacts.
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
+DPI = 110
+CACHE_DIR = ".dvc/tmp/grpoflow-figures"  # in the checkout: the images of the last run (log_figures)
 ACCURACY_KEYS = (("accuracy_strict", "strict (<answer> tag)"), ("accuracy_flexible", "flexible (last number)"))
 
 
@@ -106,20 +113,62 @@ def training_curves_figure(history: dict[str, list[float]], reward_funcs: list[s
 
 
 def log_figures(client: Any, run_id: str, metrics: dict[str, dict[str, Any]], grpo_history: Path | None,
-                reward_funcs: list[str]) -> list[str]:
-    """Log the figures that have data onto the run (artifacts under figures/); returns their paths."""
-    plt = _pyplot()
-    logged = []
+                reward_funcs: list[str], cache_dir: Path | None = None) -> list[str]:
+    """Log the figures that have data onto the run (artifacts under figures/); returns their paths.
+
+    With `cache_dir`, each image is kept there under a hash of what it is drawn from (the numbers,
+    the history file, this module's code, matplotlib's version): a rerun with nothing changed logs
+    the same bytes without importing matplotlib or drawing. The folder is grpoflow's own: entries
+    this run did not use are removed."""
     figures = []
     if any(k in m for m in metrics.values() for k, _ in ACCURACY_KEYS):
-        figures.append(("figures/accuracy.png", lambda: accuracy_figure(metrics)))
+        figures.append(("figures/accuracy.png", metrics, lambda: accuracy_figure(metrics)))
     if grpo_history is not None and grpo_history.is_file():
-        figures.append(("figures/grpo_training.png", lambda: training_curves_figure(read_history(grpo_history), reward_funcs)))
-    for path, make in figures:
-        fig = make()
-        try:
-            client.log_figure(run_id, fig, path, save_kwargs={"dpi": 110})
-        finally:
-            plt.close(fig)
+        figures.append(("figures/grpo_training.png", [hashlib.sha256(grpo_history.read_bytes()).hexdigest(), reward_funcs],
+                        lambda: training_curves_figure(read_history(grpo_history), reward_funcs)))
+    logged, used = [], set()
+    for path, inputs, make in figures:
+        if cache_dir is None:
+            _log_drawn(client, run_id, path, make)
+        else:
+            key = _figure_key(path, inputs)
+            cached = cache_dir / key / Path(path).name
+            if not cached.is_file():
+                _draw_to(cached, make)
+            client.log_artifact(run_id, str(cached), str(Path(path).parent))
+            used.add(key)
         logged.append(path)
+    if cache_dir is not None and cache_dir.is_dir():
+        for entry in cache_dir.iterdir():
+            if entry.name not in used and entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
     return logged
+
+
+def _log_drawn(client: Any, run_id: str, path: str, make) -> None:
+    plt = _pyplot()
+    fig = make()
+    try:
+        client.log_figure(run_id, fig, path, save_kwargs={"dpi": DPI})
+    finally:
+        plt.close(fig)
+
+
+def _draw_to(target: Path, make) -> None:
+    """Draw the figure into `target` (written whole: a temporary name, then renamed)."""
+    plt = _pyplot()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".tmp-{os.getpid()}-{target.name}")
+    fig = make()
+    try:
+        fig.savefig(tmp, dpi=DPI, format="png")
+    finally:
+        plt.close(fig)
+    os.replace(tmp, target)
+
+
+def _figure_key(path: str, inputs: Any) -> str:
+    from importlib.metadata import version
+
+    payload = json.dumps([path, inputs, version("matplotlib"), Path(__file__).read_text()], sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]

@@ -202,13 +202,13 @@ def publish_mlflow(run: PipelineRun, s: RunSummary, params: Params) -> list[str]
     """Name, description and figures of the parent run; returns the figures' artifact paths."""
     import mlflow
 
-    from pipelines.figures import log_figures
+    from pipelines.figures import CACHE_DIR, log_figures
 
     client = mlflow.MlflowClient()
     client.update_run(s.run_id, name=s.name)
     client.set_tag(s.run_id, DESCRIPTION_TAG, summary_markdown(s))
     history = Path(run.root) / params.grpo.history_file
-    return log_figures(client, s.run_id, s.metrics, history, list(params.rewards.funcs))
+    return log_figures(client, s.run_id, s.metrics, history, list(params.rewards.funcs), Path(run.root) / CACHE_DIR)
 
 
 def time_line(total: float, startup: float, waited: float, tasks: list[tuple[str, float]]) -> str:

@@ -72,3 +72,22 @@ def test_git_tracked_outputs_travel_through_the_remote(tmp_path):
     sh(third, env, *dvc, "pull", "--run-cache", "--allow-missing")
     assert "is cached - skipping run" in sh(third, env, *dvc, "repro", "--pull", "make")
     assert json.loads((third / "out/stats.json").read_text()) == {"n": 3}
+
+
+def test_stage_order_follows_dvc_yaml_edits_within_one_process(tmp_path):
+    """The order is read once per content of dvc.yaml and params.yaml (the run's pre-flight check and
+    the flow share it), but an edit, even one of the same size, gives the new graph."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    env = _env(tmp_path)
+    sh(repo, env, "git", "init", "-q")
+    sh(repo, env, sys.executable, "-m", "dvc", "init", "-q")
+    two = STAGE + "  use:\n    cmd: cat out/data.txt\n    deps: [out/data.txt]\n"
+    (repo / "dvc.yaml").write_text(two)
+    (repo / "params.yaml").write_text("a: 1\n")
+    assert dvc_ops.stage_order(repo) == ["make", "use"]
+    (repo / "dvc.yaml").write_text(two.replace("  use:", "  zap:"))  # same size, new name
+    assert dvc_ops.stage_order(repo) == ["make", "zap"]
+    first = "stages:\n  late:\n    cmd: cat out/data.txt\n    deps: [out/data.txt]\n" + STAGE.split("\n", 1)[1]
+    (repo / "dvc.yaml").write_text(first)  # the dependent stage first in the file: the graph still puts it last
+    assert dvc_ops.stage_order(repo) == ["make", "late"]

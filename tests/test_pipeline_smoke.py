@@ -12,9 +12,12 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import os
 import re
+import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.project_repo import git, make_project_repo, run_ok
 
@@ -27,6 +30,19 @@ CACHED = [  # the full summaries: DVC outputs, like the item files and models
     "reports/eval/sft.json", "reports/eval/grpo.json", "reports/eval/comparison.json", "reports/train/sft.json",
     "reports/train/grpo.json", "data/processed/stats.json",
 ]
+
+
+def prefect_servers_of(home: str) -> list[int]:
+    """Pids of Prefect API server processes whose PREFECT_HOME is `home`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if b"prefect.server.api.server:create_app" in (proc / "cmdline").read_bytes() and (
+                    f"PREFECT_HOME={home}".encode() in (proc / "environ").read_bytes().split(b"\0")):
+                pids.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return pids
 
 
 def rows(path) -> list[dict[str, str]]:
@@ -101,3 +117,24 @@ def test_a_small_pipeline_runs_registers_and_shows_its_results(tmp_path):
         assert f"{stage:<10} skipped" in again, again[-3000:]
     assert "already registered (dvc.lock unchanged), no new version" in again
     assert len(client.search_model_versions("name = 'grpoflow-policy'")) == 1
+    assert re.search(r"^  time: [\d.]+ s = start-up [\d.]+ s", again, re.M), again[-2000:]  # where the seconds went
+
+    # The rerun's figures are the first run's images, logged again from grpoflow's cache (nothing to draw).
+    rerun = client.search_runs([parent.info.experiment_id], "tags.`grpoflow.pipeline` = 'training-pipeline'",
+                               order_by=["attributes.start_time DESC"])[0]
+    assert rerun.info.run_id != parent.info.run_id and rerun.info.run_name == f"{head} rerun"
+    for name in ("accuracy.png", "grpo_training.png"):
+        first, second = (Path(client.download_artifacts(r.info.run_id, f"figures/{name}", str(tmp_path / r.info.run_id)))
+                         for r in (parent, rerun))
+        assert first.read_bytes() == second.read_bytes() and first.read_bytes()[:4] == b"\x89PNG"
+    assert len(list((repo / ".dvc/tmp/grpoflow-figures").iterdir())) == 2
+
+    # The run's temporary Prefect server got the flow run's last log lines before it stopped, and it is
+    # gone when the command returns; it served no UI, so no "View at" link was printed.
+    db = sqlite3.connect(Path(os.environ["PREFECT_HOME"]) / "prefect.db")
+    flow_run_id, name = db.execute("select id, name from flow_run order by created desc limit 1").fetchone()
+    assert name == f"{head} rerun" and flow_run_id == rerun.data.tags["grpoflow.prefect.flow_run_id"]
+    assert ("Finished in state Completed()",) in db.execute(
+        "select message from log where flow_run_id = ? and task_run_id is null", (flow_run_id,)).fetchall()
+    assert not prefect_servers_of(os.environ["PREFECT_HOME"])
+    assert "View at http" not in out + again
