@@ -534,6 +534,9 @@ def test_ddp_config_launches_two_processes(tmp_path):
         "acc = Accelerator()\n"
         "total = acc.reduce(torch.tensor([acc.process_index + 1.0]), reduction='sum')\n"
         "print(f'rank={acc.process_index} world={acc.num_processes} sum={total.item()}', flush=True)\n"
+        # Both ranks leave the group before exiting: a rank whose gloo threads were still up at exit
+        # was aborted ('terminate called without an active exception', SIGABRT) once in a full run.
+        "acc.wait_for_everyone()\ntorch.distributed.destroy_process_group()\n"
     )
     for _attempt in range(3):  # the rendezvous port can be taken between free_port() and its bind: try another
         res = run(
