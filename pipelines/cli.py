@@ -185,20 +185,14 @@ def entry() -> None:
     import threading
 
     code = main()
-    shutdown = getattr(threading, "_shutdown", None)  # joins the other threads, runs their exit hooks
-    if shutdown is not None:
-        shutdown()
-    else:
-        for thread in threading.enumerate():
-            if thread is not threading.main_thread() and not thread.daemon:
-                thread.join()
+    threading._shutdown()  # what the interpreter does first: join the other threads, run their exit hooks
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(code if isinstance(code, int) else 1)
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -113,10 +113,10 @@ def training_curves_figure(history: dict[str, list[float]], reward_funcs: list[s
 
 
 def log_figures(client: Any, run_id: str, metrics: dict[str, dict[str, Any]], grpo_history: Path | None,
-                reward_funcs: list[str], cache_dir: Path | None = None) -> list[str]:
+                reward_funcs: list[str], cache_dir: Path) -> list[str]:
     """Log the figures that have data onto the run (artifacts under figures/); returns their paths.
 
-    With `cache_dir`, each image is kept there under a hash of what it is drawn from (the numbers,
+    Each image is kept in `cache_dir` under a hash of what it is drawn from (the numbers,
     the history file, this module's code, matplotlib's version): a rerun with nothing changed logs
     the same bytes without importing matplotlib or drawing. The folder is grpoflow's own: entries
     this run did not use are removed."""
@@ -128,30 +128,18 @@ def log_figures(client: Any, run_id: str, metrics: dict[str, dict[str, Any]], gr
                         lambda: training_curves_figure(read_history(grpo_history), reward_funcs)))
     logged, used = [], set()
     for path, inputs, make in figures:
-        if cache_dir is None:
-            _log_drawn(client, run_id, path, make)
-        else:
-            key = _figure_key(path, inputs)
-            cached = cache_dir / key / Path(path).name
-            if not cached.is_file():
-                _draw_to(cached, make)
-            client.log_artifact(run_id, str(cached), str(Path(path).parent))
-            used.add(key)
+        key = _figure_key(path, inputs)
+        cached = cache_dir / key / Path(path).name
+        if not cached.is_file():
+            _draw_to(cached, make)
+        client.log_artifact(run_id, str(cached), str(Path(path).parent))
+        used.add(key)
         logged.append(path)
-    if cache_dir is not None and cache_dir.is_dir():
+    if cache_dir.is_dir():
         for entry in cache_dir.iterdir():
             if entry.name not in used and entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
     return logged
-
-
-def _log_drawn(client: Any, run_id: str, path: str, make) -> None:
-    plt = _pyplot()
-    fig = make()
-    try:
-        client.log_figure(run_id, fig, path, save_kwargs={"dpi": DPI})
-    finally:
-        plt.close(fig)
 
 
 def _draw_to(target: Path, make) -> None:

@@ -110,9 +110,10 @@ def out_md5s(lock_text: str) -> dict[str, str]:
 def timed_files(params: Any) -> set[str]:
     """The stage summaries that record seconds, so they differ between runs of the same inputs: the
     training summaries and every evaluated model's full metrics (not the headline DVC metrics)."""
+    from components.evaluate import stage_models
+
     ev = Path(params.evaluate.output_dir)
-    models = ("base", "sft", "grpo") if params.evaluate.include_base else ("sft", "grpo")
-    return {params.sft.metrics_file, params.grpo.metrics_file, *(str(ev / f"{m}.json") for m in models)}
+    return {params.sft.metrics_file, params.grpo.metrics_file, *(str(ev / f"{m}.json") for m in stage_models(params))}
 
 
 def caveats(version_tags: dict[str, str], run_tags: dict[str, str], params: Any = None) -> list[str]:

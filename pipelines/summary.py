@@ -101,8 +101,10 @@ def _model_rank(model: str) -> tuple[int, str]:
 
 def reports(params: Params) -> dict[str, list[str]]:
     """Where a run's reports are: {folder: [files]} (summaries, DVC metrics and plot data)."""
+    from components.evaluate import stage_models
+
     ev = params.evaluate.output_dir
-    models = ["base", "sft", "grpo"] if params.evaluate.include_base else ["sft", "grpo"]
+    models = list(stage_models(params))
     out: dict[str, list[str]] = {ev: [*(f"{m}.json" for m in models), "comparison.json", ACCURACY_CSV,
                                       *(f"{m}.items.jsonl" for m in models), *(f"{HEADLINE_DIR}/{m}.json" for m in models)]}
     for section in (params.sft, params.selection, params.grpo):

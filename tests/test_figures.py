@@ -65,10 +65,10 @@ def test_a_rerun_logs_the_cached_images_and_new_numbers_draw_new_ones(tmp_path):
     assert len(list(cache.iterdir())) == 2  # the old accuracy image is gone: only the last run's are kept
 
 
-def test_without_a_cache_the_figures_are_drawn_onto_the_run(tmp_path):
+def test_a_run_without_a_grpo_history_gets_the_accuracy_figure(tmp_path):
     import mlflow
 
     client = mlflow.MlflowClient()
     run = client.create_run("0").info.run_id
-    assert log_figures(client, run, METRICS, None, ["accuracy"]) == ["figures/accuracy.png"]
+    assert log_figures(client, run, METRICS, None, ["accuracy"], tmp_path / "cache") == ["figures/accuracy.png"]
     assert _image(client, run, "accuracy.png", tmp_path)[:4] == b"\x89PNG"

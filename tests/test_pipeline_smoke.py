@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.project_repo import git, make_project_repo, run_ok
+from tests.project_repo import git, make_project_repo, prefect_servers, run_ok
 
 TRACKED = [  # the headline metrics and the plot data
     "reports/eval/metrics/sft.json", "reports/eval/metrics/grpo.json", "reports/eval/accuracy.csv",
@@ -30,19 +30,6 @@ CACHED = [  # the full summaries: DVC outputs, like the item files and models
     "reports/eval/sft.json", "reports/eval/grpo.json", "reports/eval/comparison.json", "reports/train/sft.json",
     "reports/train/grpo.json", "data/processed/stats.json",
 ]
-
-
-def prefect_servers_of(home: str) -> list[int]:
-    """Pids of Prefect API server processes whose PREFECT_HOME is `home`."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if b"prefect.server.api.server:create_app" in (proc / "cmdline").read_bytes() and (
-                    f"PREFECT_HOME={home}".encode() in (proc / "environ").read_bytes().split(b"\0")):
-                pids.append(int(proc.name))
-        except (OSError, ValueError):
-            continue
-    return pids
 
 
 def rows(path) -> list[dict[str, str]]:
@@ -136,5 +123,5 @@ def test_a_small_pipeline_runs_registers_and_shows_its_results(tmp_path):
     assert name == f"{head} rerun" and flow_run_id == rerun.data.tags["grpoflow.prefect.flow_run_id"]
     assert ("Finished in state Completed()",) in db.execute(
         "select message from log where flow_run_id = ? and task_run_id is null", (flow_run_id,)).fetchall()
-    assert not prefect_servers_of(os.environ["PREFECT_HOME"])
+    assert not prefect_servers(Path(os.environ["PREFECT_HOME"]))
     assert "View at http" not in out + again
