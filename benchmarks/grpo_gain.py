@@ -30,10 +30,17 @@ prompt) and compares them on the same items (exact McNemar test). Prints one JSO
                                                            speed, greedy; paired GRPO - continued
                                                            (--no-control: off)
 
+Per band (`evaluate.target_band`, components/bands.py), greedy flexible accuracy on the same items:
+  target      the target band's problems (every problem without a target band): n,
+              sft_accuracy_flexible, grpo_accuracy_flexible, control_accuracy_flexible, delta, ci95,
+              p_value (exact McNemar, GRPO - SFT), delta_vs_control, p_vs_control (GRPO - control)
+  in_band     the same numbers for every problem outside the target band, together
+  bands       the same numbers per number of reasoning steps
+
 With `--seeds 1234,2024,7` the whole recipe runs once per data seed (each its own test split) and
-the JSON is `{"seeds": [one object as above per seed], "pooled": {delta, ci95, p_value, n,
-sft_accuracy_flexible, grpo_accuracy_flexible}}`: GRPO - SFT greedy flexible accuracy over every
-seed's paired items with an exact McNemar test.
+the JSON is `{"seeds": [one object as above per seed], "pooled": {target, in_band, bands, and
+delta, ci95, p_value, n, sft_accuracy_flexible, grpo_accuracy_flexible of the target band}}`: over
+every seed's paired items with exact McNemar tests.
 
 A gain in accuracy_in_format or accuracy_flexible is a gain in correctness; a gain in
 format_rate alone is a gain in following the answer format. GRPO beating the continued-SFT
@@ -98,6 +105,7 @@ CONTINUED = "sft_continued"  # the control's model folder and report names (mode
 def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, continued: bool) -> dict:
     """Greedy evaluation of models/sft, models/grpo (and the continued-SFT control) on the test split,
     paired (the scored items in items/<model>.jsonl); then k samples per item of the first `sample_items` problems for SFT and GRPO."""
+    from components import metrics as metrics_mod
     from components import scoring
     from components.config import load_params
     from components.files import jsonl_bytes, write_files
@@ -125,9 +133,9 @@ def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, con
             )
             results[name] = (metrics, items)
         write_files("items", {f"{name}.jsonl": jsonl_bytes(items) for name, (_, items) in results.items()})
-        paired = scoring.compare(results["grpo"][1], results["sft"][1], "accuracy_strict")
+        paired = metrics_mod.compare(results["grpo"][1], results["sft"][1], "accuracy_strict")
         if continued:
-            vs_continued = scoring.compare(results["grpo"][1], results[CONTINUED][1], "accuracy_flexible")
+            vs_continued = metrics_mod.compare(results["grpo"][1], results[CONTINUED][1], "accuracy_flexible")
         subset = problems[:sample_items] if sample_items else problems
         sampled = {}
         if k:  # the evaluate stage's sampled metrics (greedy is redone on the subset: cheap beside k samples)
@@ -140,9 +148,9 @@ def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, con
         os.chdir(cwd)
 
     out = {"n": paired["n"], "delta": paired["delta"], "ci95": paired["ci95"], "p_value": paired["p_value"]}
-    sft_by_id = {i["id"]: i["correct_flexible"] for i in results["sft"][1]}
-    out["_paired_flexible"] = [(i["correct_flexible"], sft_by_id[i["id"]]) for i in results["grpo"][1]
-                               if i["id"] in sft_by_id]  # (GRPO, SFT) per item: the pooled test's input
+    # Per item (steps, GRPO, SFT, control) flexible verdicts: the band numbers and the pooled test's input.
+    out["_items"] = item_rows({name: items for name, (_, items) in results.items()})
+    out.update(band_report(out["_items"], params.evaluate.target_band))
     if continued:
         metrics = results.pop(CONTINUED)[0]
         out["sft_continued_accuracy_flexible"] = metrics["accuracy_flexible"]
@@ -204,20 +212,70 @@ def zero_std(workdir: Path, overrides: list[str]) -> dict:
     return {"frac_reward_zero_std": report.get("frac_reward_zero_std_mean")}
 
 
-def pooled(per_seed: list[list[tuple[bool, bool]]]) -> dict:
-    """GRPO - SFT greedy flexible accuracy over every seed's paired items (each seed has its own test
-    split, so the items are distinct), with the exact McNemar p-value.
+def item_rows(items: dict[str, list[dict]]) -> list[dict]:
+    """One row per test item: its `steps` and each model's flexible verdict (`grpo`, `sft`, and
+    `control` when the continued-SFT control ran), paired by id."""
+    by_id = {name: {i["id"]: i for i in rows} for name, rows in items.items()}
+    names = {"grpo": "grpo", "sft": "sft", "control": CONTINUED}
+    return [{"steps": i.get("steps"), **{key: by_id[name][i["id"]]["correct_flexible"]
+                                         for key, name in names.items() if name in by_id}}
+            for i in items["grpo"] if all(i["id"] in by_id[name] for name in by_id)]
 
-    >>> r = pooled([[(True, False)] * 6 + [(True, True)] * 4, [(False, False)] * 10])
-    >>> r["n"], r["delta"], round(r["p_value"], 4)
-    (20, 0.3, 0.0312)
+
+def slice_numbers(rows: list[dict]) -> dict:
+    """GRPO - SFT (and GRPO - control) greedy flexible accuracy on `rows`, exact McNemar p-values.
+
+    >>> r = slice_numbers([{"grpo": True, "sft": False, "control": False}] * 6 + [{"grpo": True, "sft": True, "control": True}] * 4)
+    >>> r["n"], r["delta"], round(r["p_value"], 4), r["delta_vs_control"]
+    (10, 0.6, 0.0312, 0.6)
     """
     from components.stats import compare_paired
 
-    pairs = [pair for items in per_seed for pair in items]
-    res = compare_paired([g for g, _ in pairs], [s for _, s in pairs])
-    return {"delta": res["delta"], "ci95": res["ci95"], "p_value": res["p_value"], "n": res["n"],
-            "sft_accuracy_flexible": res["accuracy_b"], "grpo_accuracy_flexible": res["accuracy_a"]}
+    res = compare_paired([r["grpo"] for r in rows], [r["sft"] for r in rows])
+    out = {"n": res["n"], "sft_accuracy_flexible": res["accuracy_b"], "grpo_accuracy_flexible": res["accuracy_a"]}
+    if rows and all("control" in r for r in rows):
+        ctl = compare_paired([r["grpo"] for r in rows], [r["control"] for r in rows])
+        out["control_accuracy_flexible"] = ctl["accuracy_b"]
+    out.update(delta=res["delta"], ci95=res["ci95"], p_value=res["p_value"])
+    if "control_accuracy_flexible" in out:
+        out.update(delta_vs_control=ctl["delta"], p_vs_control=ctl["p_value"])
+    return out
+
+
+def band_report(rows: list[dict], target_band: str) -> dict:
+    """`target` (the evaluate.target_band problems; every problem without one), `in_band` (every other
+    problem together) and `bands` (per step count), each with `slice_numbers`.
+
+    >>> rows = [{"steps": 1, "grpo": True, "sft": True}] * 4 + [{"steps": 3, "grpo": True, "sft": False}] * 2
+    >>> r = band_report(rows, "3")
+    >>> r["target"]["n"], r["target"]["delta"], r["in_band"]["delta"], sorted(r["bands"])
+    (2, 1.0, 0.0, ['1', '3'])
+    """
+    from components.bands import by_steps, in_band, parse_band
+
+    band = parse_band(target_band)
+    target = [r for r in rows if band is None or in_band(r["steps"], band)]
+    rest = [r for r in rows if band is not None and not in_band(r["steps"], band)]
+    out = {"target_band": target_band or "all", "target": slice_numbers(target)}
+    if rest:
+        out["in_band"] = slice_numbers(rest)
+    out["bands"] = {key: slice_numbers(group) for key, group in by_steps(rows).items()}
+    return out
+
+
+def pooled(per_seed: list[list[dict]], target_band: str) -> dict:
+    """The band report over every seed's paired items (each seed has its own test split, so the items
+    are distinct), with the exact McNemar p-values; the old top-level keys are the target band's.
+
+    >>> r = pooled([[{"steps": 3, "grpo": True, "sft": False}] * 6 + [{"steps": 3, "grpo": True, "sft": True}] * 4,
+    ...             [{"steps": 3, "grpo": False, "sft": False}] * 10], "3")
+    >>> r["n"], r["delta"], round(r["p_value"], 4), r["target"]["n"]
+    (20, 0.3, 0.0312, 20)
+    """
+    report = band_report([row for rows in per_seed for row in rows], target_band)
+    t = report["target"]
+    return {**{k: t[k] for k in ("delta", "ci95", "p_value", "n", "sft_accuracy_flexible", "grpo_accuracy_flexible")},
+            **report}
 
 
 def run_recipe(workdir: Path, overrides: list[str], args: argparse.Namespace) -> dict:
@@ -308,13 +366,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.seeds:
             result = run_recipe(workdir, args.overrides, args)
-            result.pop("_paired_flexible")
+            result.pop("_items")
         else:
             runs = []
             for seed in args.seeds:
                 print(f"grpo_gain: data.seed={seed}", file=sys.stderr)
                 runs.append(run_recipe(workdir / f"seed-{seed}", [*args.overrides, f"data.seed={seed}"], args))
-            result = {"seeds": runs, "pooled": pooled([r.pop("_paired_flexible") for r in runs]),
+            band = runs[0]["target_band"] if runs[0]["target_band"] != "all" else ""
+            result = {"seeds": runs, "pooled": pooled([r.pop("_items") for r in runs], band),
                       "overrides": args.overrides}
     finally:
         if not args.keep:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.bands import by_steps
 from components.entry import stage_main
 from components.errors import ConfigError, DataError
 from components.files import jsonl_bytes, replace_dir
@@ -101,15 +102,40 @@ def answer_only(row: dict[str, str]) -> dict[str, str]:
     return {**row, "solution": ""}
 
 
-def split_answer_only(train: list[dict[str, str]], cfg: DataParams, exclude: set[str]) -> tuple[list, list]:
-    """(demonstrations, answer-only problems): `data.answer_only_share` of the train rows, drawn with
-    `data.seed`, lose their solution and move to the GRPO split; `data.synthetic_answer_only_size`
-    new synthetic problems of the harder band join them (none of them in `exclude`). With neither,
-    the GRPO split is the demonstrations' questions with their answers only."""
+def split_bands(train: list[dict], cfg: DataParams) -> tuple[list[dict], list[dict], int]:
+    """(demonstration candidates, answer-only problems, rows outside both bands) by step count:
+    rows of at least `data.answer_only_min_steps` steps (and rows without steps) lose their solution,
+    rows of more than `data.demo_max_steps` steps are no demonstrations (0 turns either rule off).
+
+    >>> rows = [{"id": str(s), "solution": "s", "steps": s} for s in (1, 2, 3, 4, None)]
+    >>> cfg = DataParams(demo_max_steps=2, answer_only_min_steps=4)
+    >>> demos, problems, left = split_bands(rows, cfg)
+    >>> [r["id"] for r in demos], [(r["id"], r["solution"]) for r in problems], left
+    (['1', '2'], [('4', ''), ('None', '')], 1)
+    """
+    demos, problems, left = [], [], 0
+    for row in train:
+        steps = row.get("steps")
+        if cfg.answer_only_min_steps and (steps is None or steps >= cfg.answer_only_min_steps):
+            problems.append(answer_only(row))
+        elif cfg.demo_max_steps and (steps is None or steps > cfg.demo_max_steps):
+            left += 1
+        else:
+            demos.append(row)
+    return demos, problems, left
+
+
+def split_answer_only(train: list[dict[str, str]], cfg: DataParams, exclude: set[str]) -> tuple[list, list, int]:
+    """(demonstrations, answer-only problems, rows outside the bands): the step bands first
+    (`split_bands`), then `data.answer_only_share` of the remaining rows, drawn with `data.seed`, lose
+    their solution and move to the GRPO split; `data.synthetic_answer_only_size` new synthetic problems
+    of the harder band join them (none of them in `exclude`). With none of these, the GRPO split is the
+    demonstrations' questions with their answers only."""
+    train, problems, left = split_bands(train, cfg)
     rng = random.Random(f"{cfg.seed}:answer-only")
     withheld = set(rng.sample(range(len(train)), round(cfg.answer_only_share * len(train))))
     demos = [r for i, r in enumerate(train) if i not in withheld]
-    problems = [answer_only(r) for i, r in enumerate(train) if i in withheld]
+    problems += [answer_only(r) for i, r in enumerate(train) if i in withheld]
     if cfg.synthetic_answer_only_size:
         seen = exclude | {normalize_question(r["question"]) for r in train}
         made = collect(iter_synthetic(
@@ -118,8 +144,20 @@ def split_answer_only(train: list[dict[str, str]], cfg: DataParams, exclude: set
         ))
         problems += [answer_only(r) for r in made.rows]
     if not demos:
-        raise DataError(f"data.answer_only_share={cfg.answer_only_share} leaves no demonstrations for SFT; lower it")
-    return demos, problems or [answer_only(r) for r in demos]
+        raise DataError(
+            f"no demonstrations left for SFT (data.demo_max_steps={cfg.demo_max_steps}, data.answer_only_min_steps="
+            f"{cfg.answer_only_min_steps}, data.answer_only_share={cfg.answer_only_share}); widen the demonstrations' band"
+        )
+    return demos, problems or [answer_only(r) for r in demos], left
+
+
+def step_counts(rows: list[dict]) -> dict[str, int]:
+    """Rows per step count, in order.
+
+    >>> step_counts([{"steps": 2}, {"steps": 1}, {"steps": None}, {"steps": 2}])
+    {'1': 1, '2': 2, 'unbanded': 1}
+    """
+    return {key: len(group) for key, group in by_steps(rows).items()}
 
 
 def run(cfg: DataParams) -> dict[str, Any]:
@@ -151,8 +189,8 @@ def run(cfg: DataParams) -> dict[str, Any]:
     if cfg.max_test_rows:
         test.rows = test.rows[: cfg.max_test_rows]
 
-    answer_only_rows = bool(cfg.answer_only_share or cfg.synthetic_answer_only_size)
-    train.rows, grpo_rows = split_answer_only(train.rows, cfg, exclude)
+    answer_only_rows = bool(cfg.answer_only_share or cfg.synthetic_answer_only_size or cfg.answer_only_min_steps)
+    train.rows, grpo_rows, outside = split_answer_only(train.rows, cfg, exclude)
     files = {"train.jsonl": jsonl_bytes(train.rows), "grpo.jsonl": jsonl_bytes(grpo_rows),
              "test.jsonl": jsonl_bytes(test.rows)}
     stats: dict[str, Any] = {
@@ -160,6 +198,10 @@ def run(cfg: DataParams) -> dict[str, Any]:
         "counts": {"train": len(train.rows), "test": len(test.rows)},
         # GRPO's problems: answer-only ones beside the demonstrations, or the demonstrations' questions
         "grpo": {"count": len(grpo_rows), "answer_only": answer_only_rows},
+        # rows per step count (components/bands.py): what each band holds
+        "steps": {name: step_counts(rows) for name, rows in
+                  (("train", train.rows), ("grpo", grpo_rows), ("test", test.rows))},
+        "outside_bands": outside,  # train rows above data.demo_max_steps and below data.answer_only_min_steps
         "dropped": {
             split: {"count": len(res.bad), "rows": res.bad[:1000]}
             for split, res in (("train", train), ("test", test))
@@ -200,6 +242,9 @@ def run_tracked(params) -> dict[str, Any]:
         f"to {params.data.output_dir} "
         f"(dropped {d['train']['count']} train, {d['test']['count']} test)"
     )
+    print("data: problems per number of steps: " + "; ".join(
+        f"{split} " + " ".join(f"{k}:{n}" for k, n in counts.items()) for split, counts in stats["steps"].items()
+    ) + (f"; {stats['outside_bands']} train rows outside both bands left out" if stats["outside_bands"] else ""))
     return stats
 
 

@@ -43,10 +43,11 @@ from typing import Any
 
 from components.entry import stage_main
 from components.errors import EvaluationError
+from components.metrics import compare, compare_bands
 from components.modelio import is_model_dir, resolve_model
 from components.params import Params
 from components.reports import Results, log_to_mlflow, write_reports
-from components.scoring import compare, data_source, evaluate_model
+from components.scoring import data_source, evaluate_model
 from components.sources import load_problems
 
 log = logging.getLogger("grpoflow.evaluate")
@@ -65,9 +66,11 @@ def stage_models(params: Params) -> dict[str, str]:
     return models
 
 
-def comparisons(results: Results, primary: str) -> dict[str, Any]:
+def comparisons(results: Results, primary: str, target_band: str = "") -> dict[str, Any]:
+    """Each pair on all the items, and on the target band, the other bands and per step count."""
     return {
-        f"{a}_vs_{b}": {"a": a, "b": b, **compare(results[a][1], results[b][1], primary)}
+        f"{a}_vs_{b}": {"a": a, "b": b, **compare(results[a][1], results[b][1], primary),
+                        **compare_bands(results[a][1], results[b][1], primary, target_band)}
         for a, b in PAIRS
         if a in results and b in results
     }
@@ -91,7 +94,7 @@ def run(params: Params) -> dict[str, Any]:
         name: evaluate_model(model, problems, params, protocol=cfg.protocol, backend=cfg.backend, data=data)
         for name, model in models.items()
     }
-    comparison = comparisons(results, cfg.primary_metric)
+    comparison = comparisons(results, cfg.primary_metric, cfg.target_band)
     paths = write_reports(cfg.output_dir, results, comparison)
     return {"results": results, "comparison": comparison, "paths": paths}
 
@@ -102,8 +105,15 @@ def summary(results: Results, comparison: dict[str, Any] | None) -> dict[str, An
             "completions_per_second", "backend", "num_samples", "sampled_accuracy_strict", "pass_at_k_strict",
             "maj_at_k_strict")
     out: dict[str, Any] = {name: {k: m[k] for k in keys if k in m} for name, (m, _) in results.items()}
+    for name, (m, _) in results.items():  # evaluate.target_band: the band and the others
+        for part in ("target", "in_band"):
+            if part in m:
+                out[name][part] = {k: m[part][k] for k in ("n", "accuracy_flexible", "accuracy_strict") if k in m[part]}
     for pair, res in (comparison or {}).items():
         out[pair] = {k: res[k] for k in ("metric", "delta", "ci95", "p_value")}
+        for part in ("target", "in_band"):
+            if part in res:
+                out[pair][part] = {k: res[part][k] for k in ("metric", "n", "delta", "ci95", "p_value")}
     return out
 
 

@@ -144,6 +144,12 @@ def run(params: Params) -> Path:
     if not prompts.is_file():
         raise InputError(f"{prompts}: GRPO's selected prompts are missing; run `dvc repro selection` first")
     rows = read_split(prompts)  # the reward needs only `gold`
+    dev = read_split(data_dir / "grpo.jsonl")[-cfg.dev_size:] if cfg.dev_size else []
+    if dev:  # held out: never a training prompt
+        held = {r["id"] for r in dev}
+        rows = [r for r in rows if r["id"] not in held]
+        if not rows:
+            raise ConfigError(f"grpo.dev_size={cfg.dev_size} holds out every selected prompt; lower it")
     samples = read_split(data_dir / "test.jsonl", limit=cfg.sample_size) if cfg.sample_size else []
 
     model, tokenizer = modelio.load_model_and_tokenizer(cfg.init_dir, params.model)
@@ -164,6 +170,15 @@ def run(params: Params) -> Path:
         max_reward=signal_monitor.max_reward(weights),
     )
 
+    callbacks = [signal_monitor.callback(monitor, cfg.signal_window)]
+    if dev:
+        from components.dev_accuracy import dev_callback
+
+        callbacks.append(dev_callback(dev, tokenizer, cfg.dev_every, args.max_completion_length or 256, at_start=True))
+
+    def summary() -> dict[str, Any]:
+        return {**monitor.summary(), **(callbacks[1].summary() if dev else {})}
+
     with finetune.tracked(STAGE, params, args):
         trainer = _trainer_class()(
             model=model,
@@ -172,12 +187,12 @@ def run(params: Params) -> Path:
             train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=peft_config,
-            callbacks=[signal_monitor.callback(monitor, cfg.signal_window)],
+            callbacks=callbacks,
         )
         finetune.train_and_save(
             STAGE, trainer, checkpoint, cfg, samples=samples, max_new_tokens=args.max_completion_length or 256,
             history_names=history_names(trainer.reward_func_names, params.rewards.funcs), history_required=HISTORY_REQUIRED,
-            after_training=monitor.summary,
+            after_training=summary,
         )
     return Path(cfg.output_dir)
 

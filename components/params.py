@@ -97,6 +97,20 @@ class DataParams:
         ge=0.0,
         le=0.99,
     )
+    demo_max_steps: int = _f(
+        0,
+        "Demonstrations are the train rows of at most this many reasoning steps (any source: the generator's "
+        "count, GSM8K's <<...>> annotations, else its solution lines); longer ones are not shown to SFT "
+        "(0 = no limit). With answer_only_min_steps: the demonstrations' band and the answer-only band.",
+        ge=0,
+    )
+    answer_only_min_steps: int = _f(
+        0,
+        "Train rows of at least this many steps lose their solution and become GRPO's answer-only problems "
+        "(grpo.jsonl), as do rows without steps (answer-only ones); SFT never sees them (0 = off). Above "
+        "demo_max_steps when both are set.",
+        ge=0,
+    )
     on_bad_rows: str = _f(
         "fail",
         "'fail': stop and report FILE:LINE for bad rows; 'skip': drop and count them in stats.json.",
@@ -316,6 +330,15 @@ class GRPOParams:
         recipe=True,
     )
     sample_size: int = _sample_size()
+    dev_size: int = _f(
+        0,
+        "The last N problems of grpo.jsonl (answer-only: beyond the demonstrations in the default recipe) are held "
+        "out of training as a dev split: greedy flexible accuracy on them before training, every dev_every steps "
+        "and at the last step joins the history (dev_accuracy: `dvc plots`) and MLflow, the curve that shows when "
+        "RL stops paying (0 = none).",
+        ge=0,
+    )
+    dev_every: int = _f(100, "Steps between two GRPO dev accuracy measurements (and at the last step).", ge=1)
     signal_window: int = _f(
         100,
         "Signal monitor (components/signal_monitor.py): training steps its means run over "
@@ -453,6 +476,12 @@ class EvaluateParams:
         "",
         "Where lm-eval-gsm8k few-shot examples come from: '' (the train split of an hf: source, else the prepared "
         "train split), 'jsonl:PATH' or 'hf:NAME[:CONFIG]' (its train split).",
+    )
+    target_band: str = _f(
+        "",
+        "The reasoning steps the user cares about: N, N-M or N+ (e.g. 3, 3-4, 5+; '' = every problem). The summary "
+        "headline, the MLflow description, the DVC metrics and the promotion gate use the problems of this band; "
+        "the others are reported beside it (in_band), per step count too.",
     )
     primary_metric: str = _f(
         "accuracy_strict",

@@ -12,6 +12,7 @@ import types
 import typing
 from typing import Any
 
+from components.bands import parse_band
 from components.errors import ConfigError
 from components.params import GRPOParams
 
@@ -161,6 +162,11 @@ def check_section(name: str, cfg: Any) -> None:
                 f"data.synthetic_answer_only_min_steps ({cfg.synthetic_answer_only_min_steps}) is above "
                 f"data.synthetic_answer_only_max_steps ({cfg.synthetic_answer_only_max_steps})"
             )
+        if cfg.demo_max_steps and cfg.answer_only_min_steps and cfg.answer_only_min_steps <= cfg.demo_max_steps:
+            raise ConfigError(
+                f"data.answer_only_min_steps ({cfg.answer_only_min_steps}) must be above data.demo_max_steps "
+                f"({cfg.demo_max_steps}): a row is a demonstration or an answer-only problem, not both"
+            )
         if cfg.synthetic_answer_only_size and cfg.train_source != "synthetic":
             raise ConfigError(
                 "data.synthetic_answer_only_size needs data.train_source=synthetic; with another source set "
@@ -187,3 +193,4 @@ def check_section(name: str, cfg: Any) -> None:
         _check_rewards(cfg)
     elif name == "evaluate":
         _check_sources("evaluate", cfg, ("data", "fewshot_source"), synthetic=False)
+        parse_band(cfg.target_band)

@@ -13,6 +13,9 @@ budget), the gate first re-evaluates the champion, downloaded from the registry,
 challenger's items with the challenger's settings, then compares; `promotion.test_sha256`,
 `promotion.n` and `promotion.champion_reevaluated` record what it compared.
 
+With `evaluate.target_band` set, the gate pairs only the items of that band (by the challenger's
+items' `steps`; `promotion.target_band` records it): the problems the user named as the goal.
+
 The numbers and the decision are written as version tags (`promotion.*`) and printed. Tags are
 written before the alias moves and `promotion.decision` last, so an interrupted gate is
 completed by the next run instead of leaving a half-written state; the alias moves only if the
@@ -31,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.bands import band_label, in_band, parse_band
 from components.errors import RegistryError
 from components.params import Params
 from components.registry import (
@@ -249,13 +253,18 @@ def gate(params: Params, registration: Registration, root: str | os.PathLike | N
     else:
         champion_rows = _download_items(champion.tags[ITEMS_TAG])
     reg = params.register
+    band = parse_band(params.evaluate.target_band)
+    if band:  # the gate compares on the target band (docs/registry.md): the items whose steps are in it
+        challenger_rows = {i: r for i, r in challenger_rows.items() if in_band(r.get("steps"), band)}
+        champion_rows = {i: r for i, r in champion_rows.items() if i in challenger_rows}
     ok, numbers = compare_with_champion(
         item_column(challenger_rows, metric, str(items_path(params, root))),
         item_column(champion_rows, metric, f"{name} v{champion.version} items"),
         reg.alpha, reg.min_delta, reg.min_items,
     )
-    numbers.update(metric=metric, test_sha256=ours["test_sha256"] or "unknown", champion_reevaluated=reevaluated)
-    reason = _reason(version, champion.version, ok, numbers, metric)
+    numbers.update(metric=metric, test_sha256=ours["test_sha256"] or "unknown", champion_reevaluated=reevaluated,
+                   target_band=params.evaluate.target_band or "all")
+    reason = _reason(version, champion.version, ok, numbers, f"{metric} on {band_label(band)}" if band else metric)
     if numbers["n"] and (story := correctness_and_format(challenger_rows, champion_rows, version, champion.version,
                                                          reg.alpha)):
         reason += f". {story}"

@@ -26,6 +26,11 @@ ACCURACY_CSV = "accuracy.csv"
 ACCURACY_METRICS = {"strict": "accuracy_strict", "flexible": "accuracy_flexible"}
 HEADLINE_DIR = "metrics"  # `<eval dir>/metrics/<model>.json`: what dvc.yaml declares as metrics
 HEADLINE_KEYS = ("accuracy_flexible", "accuracy_strict", "format_rate", "n")
+# With evaluate.target_band the headline is the band's: correctness there, on the other bands, and format.
+BAND_HEADLINE_KEYS = {"target_accuracy_flexible": ("target", "accuracy_flexible"),
+                      "target_accuracy_strict": ("target", "accuracy_strict"), "target_n": ("target", "n"),
+                      "in_band_accuracy_flexible": ("in_band", "accuracy_flexible")}
+STEPS_CSV = "accuracy_by_steps.csv"  # flexible accuracy per step count, one column per model: a dvc plot
 
 
 def write_reports(out_dir: str | os.PathLike, results: Results, comparison: dict[str, Any] | None) -> list[Path]:
@@ -39,16 +44,37 @@ def write_reports(out_dir: str | os.PathLike, results: Results, comparison: dict
     if comparison is not None:
         files[f"{COMPARISON}.json"] = json_bytes(comparison)
     files[ACCURACY_CSV] = csv_bytes(accuracy_rows({name: m for name, (m, _) in results.items()}))
+    files[STEPS_CSV] = csv_bytes(steps_rows({name: m for name, (m, _) in results.items()}))
     return write_files(out_dir, files)
 
 
 def headline_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """The few metrics `dvc metrics show` lists per model: correctness, format and the number of items.
+    """The few metrics `dvc metrics show` lists per model: correctness, format and the number of items;
+    with a target band, correctness on the band and on the other bands instead of over all items.
 
     >>> headline_metrics({"accuracy_flexible": 0.5, "accuracy_strict": 0.25, "format_rate": 0.5, "n": 4, "load_seconds": 2.0})
     {'accuracy_flexible': 0.5, 'accuracy_strict': 0.25, 'format_rate': 0.5, 'n': 4}
+    >>> headline_metrics({"format_rate": 1.0, "target": {"accuracy_flexible": 0.2, "accuracy_strict": 0.2, "n": 5},
+    ...                   "in_band": {"accuracy_flexible": 0.9}})
+    {'target_accuracy_flexible': 0.2, 'target_accuracy_strict': 0.2, 'target_n': 5, 'in_band_accuracy_flexible': 0.9, 'format_rate': 1.0}
     """
+    if "target" in metrics:
+        out = {key: metrics[part][name] for key, (part, name) in BAND_HEADLINE_KEYS.items()
+               if name in metrics.get(part, {})}
+        return {**out, "format_rate": metrics["format_rate"]} if "format_rate" in metrics else out
     return {key: metrics[key] for key in HEADLINE_KEYS if key in metrics}
+
+
+def steps_rows(metrics: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Flexible accuracy per step count, one column per model (unbanded problems left out).
+
+    >>> steps_rows({"sft": {"by_steps": {"1": {"accuracy_flexible": 0.9}, "3": {"accuracy_flexible": 0.1}}},
+    ...             "grpo": {"by_steps": {"1": {"accuracy_flexible": 0.8}, "3": {"accuracy_flexible": 0.2}}}})
+    [{'steps': 1, 'sft': 0.9, 'grpo': 0.8}, {'steps': 3, 'sft': 0.1, 'grpo': 0.2}]
+    """
+    keys = sorted({int(k) for m in metrics.values() for k in m.get("by_steps", {}) if k.isdigit()})
+    return [{"steps": k, **{model: m["by_steps"][str(k)]["accuracy_flexible"] for model, m in metrics.items()
+                            if str(k) in m.get("by_steps", {})}} for k in keys]
 
 
 def accuracy_rows(metrics: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -176,6 +202,48 @@ def headline(a: str, b: str, by_metric: dict[str, dict[str, Any]], format_a: flo
     return "; ".join(parts) + f": {verdict(strict, flex, alpha)}"
 
 
+def band_headlines(a: str, b: str, comparison: dict[str, Any], metrics: dict[str, dict[str, Any]],
+                   alpha: float = 0.05) -> list[tuple[str, str]]:
+    """(label, headline) for the target band first, then the other bands, each with its own change
+    (a loss outside the target band is stated, never pooled away); [] without a target band."""
+    from components.bands import band_label, parse_band
+
+    band = parse_band(comparison.get("target_band", ""))
+    out = []
+    for part, what in (("target", f"target band ({band_label(band)})" if band else ""), ("in_band", "other bands")):
+        res = comparison.get(part)
+        if band and res:
+            fmt = [metrics.get(m, {}).get(part, {}).get("format_rate") for m in (a, b)]
+            out.append((f"{a} vs {b}, {what}, n = {res['n']}",
+                        headline(a, b, res.get("by_metric") or {res["metric"]: res}, *fmt, alpha=alpha)))
+    return out
+
+
+def steps_table(metrics: dict[str, Any]) -> str:
+    """Accuracy per number of reasoning steps (and on the target band and the others), as a text table.
+
+    >>> m = {"by_steps": {"1": {"n": 3, "accuracy_flexible": 1.0, "accuracy_strict": 2 / 3, "format_rate": 1.0}},
+    ...      "target_band": "1", "target": {"n": 3, "accuracy_flexible": 1.0, "accuracy_strict": 2 / 3, "format_rate": 1.0}}
+    >>> print(steps_table(m))
+    accuracy per number of reasoning steps (target band: 1 step)
+      steps             n  flexible    strict    format
+      1                 3    100.0%     66.7%    100.0%
+      target band       3    100.0%     66.7%    100.0%
+    """
+    from components.bands import band_label, parse_band
+
+    band = parse_band(metrics.get("target_band", ""))
+    rows = list(metrics.get("by_steps", {}).items())
+    rows += [(label, metrics[part]) for part, label in (("target", "target band"), ("in_band", "other bands"))
+             if band and metrics.get(part, {}).get("n")]
+    head = "accuracy per number of reasoning steps" + (f" (target band: {band_label(band)})" if band else "")
+    lines = [head, f"  {'steps':<12} {'n':>6}  {'flexible':>8}  {'strict':>8}  {'format':>8}"]
+    for label, m in rows:
+        lines.append(f"  {label:<12} {m['n']:>6}  {_pct(m['accuracy_flexible']):>8}  {_pct(m['accuracy_strict']):>8}  "
+                     f"{_pct(m['format_rate']):>8}")
+    return "\n".join(lines)
+
+
 def log_to_mlflow(results: Results, comparison: dict[str, Any] | None, paths: list[Path], log_table: bool) -> None:
     """Metrics `<model>/<key>`, comparison numbers `<pair>/<key>`, report files and item tables,
     into the active MLflow run."""
@@ -188,7 +256,17 @@ def log_to_mlflow(results: Results, comparison: dict[str, Any] | None, paths: li
                 metrics[metric_key(name, key)] = float(value)
             elif key.endswith("_ci95"):
                 metrics[metric_key(name, f"{key}_low")], metrics[metric_key(name, f"{key}_high")] = map(float, value)
+        for part, slices in (("target", {"": m.get("target")}), ("in_band", {"": m.get("in_band")}),
+                             ("steps", m.get("by_steps", {}))):  # e.g. grpo/target/accuracy_flexible, grpo/steps_3/...
+            for label, values in slices.items():
+                for key, value in (values or {}).items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                        metrics[metric_key(name, f"{part}_{label}" if label else part, key)] = float(value)
     for pair, res in (comparison or {}).items():
+        for part in ("target", "in_band"):  # e.g. grpo_vs_sft/target/accuracy_flexible/delta
+            for metric, r in res.get(part, {}).get("by_metric", {}).items():
+                for key in ("delta", "p_value"):
+                    metrics[metric_key(pair, part, metric, key)] = float(r[key])
         for key in ("delta", "p_value"):
             metrics[metric_key(pair, key)] = float(res[key])
         metrics[metric_key(pair, "ci95_low")], metrics[metric_key(pair, "ci95_high")] = map(float, res["ci95"])

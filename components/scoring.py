@@ -3,9 +3,8 @@ and the promotion gate's re-evaluation of a champion.
 
     build_prompts(problems, protocol, ...)   prompts (and stop strings) of a protocol: grpoflow (the
                                              training prompt) or lm-eval-gsm8k (the harness's 5-shot)
-    score_item / score_samples / item_metrics   one items.jsonl row (greedy, and its k samples) / metrics
-                                             with their intervals
-    compare(items_a, items_b)                paired difference on the items both have (matched by id)
+    score_item / score_samples               one items.jsonl row (greedy, and its k samples); the metrics
+                                             over items and the paired comparisons: components/metrics.py
     evaluate_model(model, problems, params)  generate (components/generation.py, or an OpenAI-compatible
                                              endpoint, components/endpoint.py) and score: (metrics, items)
 
@@ -27,31 +26,15 @@ from typing import Any
 from components import endpoint, gsm8k, lm_eval_gsm8k
 from components.errors import EvaluationError
 from components.generation import Generation, GenerationSettings, generate
+from components.metrics import band_metrics, item_metrics
 from components.modelio import ResolvedModel, load_tokenizer
 from components.params import Params
 from components.sources import load_problems, problems_sha256
-from components.stats import (
-    compare_paired,
-    compare_paired_means,
-    majority_vote,
-    mean_interval,
-    pass_at_k,
-    wilson_interval,
-)
+from components.stats import majority_vote
 
 log = logging.getLogger("grpoflow.scoring")
 
 METRICS = ("accuracy_strict", "accuracy_flexible")
-# Sampled metrics and the per-item value each pairs on: a boolean column (McNemar) or a mean.
-SAMPLED_BINARY = {
-    "pass_at_k_strict": "pass_at_k",
-    "pass_at_k_flexible": "pass_at_k_flexible",
-    "maj_at_k_strict": "maj_correct",
-    "maj_at_k_flexible": "maj_correct_flexible",
-}
-SAMPLED_MEANS = {"sampled_accuracy_strict": "samples_correct", "sampled_accuracy_flexible": "samples_correct_flexible"}
-
-
 def data_source(params: Params, override: str | None = None) -> str:
     src = override or params.evaluate.data
     return src or f"jsonl:{Path(params.data.output_dir) / 'test.jsonl'}"
@@ -136,6 +119,7 @@ def score_item(problem: dict[str, str], completion: str, num_tokens: int, protoc
         "correct_flexible": verdict["correct_flexible"],
         "format_ok": verdict["format_ok"],
         "completion_tokens": int(num_tokens),
+        "steps": problem.get("steps"),  # the problem's reasoning steps: accuracy per step count and band
     }
 
 
@@ -174,91 +158,6 @@ def score_samples(gold: str, completions: list[str], num_tokens: list[int], prot
         row[f"maj_correct{suffix}"] = bool(first is not None and verdicts[first][correct_key])
         row[f"pass_at_k{suffix}"] = any(v[correct_key] for v in verdicts)
     return row
-
-
-def item_metrics(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracy metrics with Wilson 95% intervals from scored items (and the sampled metrics when
-    the items carry samples, see `sample_metrics`).
-
-    >>> m = item_metrics([{"correct": True, "correct_flexible": True, "format_ok": True, "completion_tokens": 10},
-    ...                {"correct": False, "correct_flexible": True, "format_ok": False, "completion_tokens": 30}])
-    >>> m["n"], m["accuracy_strict"], m["accuracy_flexible"], m["format_rate"], m["mean_completion_tokens"]
-    (2, 0.5, 1.0, 0.5, 20.0)
-    """
-    n = len(items)
-    k_strict = sum(i["correct"] for i in items)
-    k_flex = sum(i["correct_flexible"] for i in items)
-    metrics = {
-        "n": n,
-        "accuracy_strict": k_strict / n if n else 0.0,
-        "accuracy_strict_ci95": list(wilson_interval(k_strict, n)),
-        "accuracy_flexible": k_flex / n if n else 0.0,
-        "accuracy_flexible_ci95": list(wilson_interval(k_flex, n)),
-        "format_rate": sum(i["format_ok"] for i in items) / n if n else 0.0,
-        "mean_completion_tokens": sum(i["completion_tokens"] for i in items) / n if n else 0.0,
-    }
-    if items and "samples_correct" in items[0]:
-        metrics.update(sample_metrics(items))
-    return metrics
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
-def sample_metrics(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """Sampled metrics over items with k samples each.
-
-    >>> items = [{"samples_correct": [True, False], "samples_correct_flexible": [True, True], "pass_at_k": True,
-    ...           "pass_at_k_flexible": True, "maj_correct": True, "maj_correct_flexible": True,
-    ...           "samples_format_ok": [True, False], "samples_tokens": [4, 6]},
-    ...          {"samples_correct": [False, False], "samples_correct_flexible": [False, True], "pass_at_k": False,
-    ...           "pass_at_k_flexible": True, "maj_correct": False, "maj_correct_flexible": False,
-    ...           "samples_format_ok": [True, True], "samples_tokens": [2, 4]}]
-    >>> m = sample_metrics(items)
-    >>> m["num_samples"], m["sampled_accuracy_strict"], m["sampled_accuracy_flexible"], m["pass_at_k_strict"]
-    (2, 0.25, 0.75, 0.5)
-    >>> m["maj_at_k_strict"], m["maj_at_k_flexible"], m["sampled_format_rate"], m["sampled_mean_completion_tokens"]
-    (0.5, 0.5, 0.75, 4.0)
-    """
-    n = len(items)
-    k = len(items[0]["samples_correct"]) if items else 0
-    out: dict[str, Any] = {"num_samples": k}
-    for suffix, col in (("strict", "samples_correct"), ("flexible", "samples_correct_flexible")):
-        per_item = [_mean(i[col]) for i in items]
-        out[f"sampled_accuracy_{suffix}"] = _mean(per_item)
-        out[f"sampled_accuracy_{suffix}_ci95"] = list(mean_interval(per_item))
-        # Unbiased pass@k from each item's n = k samples: 1.0 or 0.0 per item, so a share of items.
-        passes = [pass_at_k(len(i[col]), sum(i[col]), k) for i in items] if k else []
-        out[f"pass_at_k_{suffix}"] = _mean(passes)
-        out[f"pass_at_k_{suffix}_ci95"] = list(wilson_interval(round(sum(passes)), n))
-    for suffix, col in (("strict", "maj_correct"), ("flexible", "maj_correct_flexible")):
-        hits = sum(i[col] for i in items)
-        out[f"maj_at_k_{suffix}"] = hits / n if n else 0.0
-        out[f"maj_at_k_{suffix}_ci95"] = list(wilson_interval(hits, n))
-    out["sampled_format_rate"] = _mean([_mean(i["samples_format_ok"]) for i in items])
-    out["sampled_mean_completion_tokens"] = _mean([_mean(i["samples_tokens"]) for i in items])
-    return out
-
-
-def compare(items_a: list[dict[str, Any]], items_b: list[dict[str, Any]], primary: str) -> dict[str, Any]:
-    """Paired comparison A - B on the items both have (matched by id): greedy accuracies, and when
-    both sides have samples, pass@k and maj@k (exact McNemar, Newcombe interval) and mean sampled
-    accuracy (normal interval over the per-item differences)."""
-    b_by_id = {i["id"]: i for i in items_b}
-    shared = [i for i in items_a if i["id"] in b_by_id]
-    if len(shared) != len(items_a) or len(shared) != len(items_b):
-        log.warning("comparing on %d shared items (%d vs %d)", len(shared), len(items_a), len(items_b))
-    pairs = [(i, b_by_id[i["id"]]) for i in shared]
-    binary = {"accuracy_strict": "correct", "accuracy_flexible": "correct_flexible"}
-    means: dict[str, str] = {}
-    if pairs and all("samples_correct" in x and "samples_correct" in y for x, y in pairs):
-        binary.update(SAMPLED_BINARY)
-        means.update(SAMPLED_MEANS)
-    by_metric = {m: compare_paired([x[c] for x, _ in pairs], [y[c] for _, y in pairs]) for m, c in binary.items()}
-    for m, c in means.items():
-        by_metric[m] = compare_paired_means([_mean(x[c]) for x, _ in pairs], [_mean(y[c]) for _, y in pairs])
-    return {"metric": primary, **by_metric[primary], "by_metric": by_metric}
 
 
 def settings_from(params: Params) -> GenerationSettings:
@@ -335,6 +234,7 @@ def evaluate_model(
         item.update(score_samples(p["gold"], texts, tokens, protocol))
     metrics = {
         **item_metrics(items),
+        **band_metrics(items, params.evaluate.target_band),
         "completions_per_second": gen.completions_per_second,
         "generation_seconds": gen.seconds,
         "load_seconds": gen.load_seconds,

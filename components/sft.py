@@ -30,6 +30,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from components.dev_accuracy import Plateau, dev_callback
 from components.entry import stage_main
 from components.params import Params
 
@@ -103,73 +104,6 @@ def split_dev(rows: list[dict[str, str]], dev_size: int) -> tuple[list[dict[str,
     return (rows[:-dev_size], rows[-dev_size:]) if dev_size else (rows, [])
 
 
-class Plateau:
-    """Dev accuracy every `dev_every` steps; stop after `patience` measurements without a rise of
-    `min_delta` over the best (0 = never stop).
-
-    >>> p = Plateau(patience=2, min_delta=0.01)
-    >>> [p.update(a) for a in (0.10, 0.20, 0.205, 0.208, 0.30)]
-    [False, False, False, True, False]
-    >>> p.best, p.curve[-1]
-    (0.3, 0.3)
-    """
-
-    def __init__(self, patience: int, min_delta: float) -> None:
-        self.patience, self.min_delta = patience, min_delta
-        self.best: float | None = None
-        self.since_best = 0
-        self.curve: list[float] = []
-
-    def update(self, accuracy: float) -> bool:
-        """Record one measurement; True when training should stop."""
-        self.curve.append(accuracy)
-        if self.best is None or accuracy >= self.best + self.min_delta:
-            self.best, self.since_best = accuracy if self.best is None else max(accuracy, self.best), 0
-        else:
-            self.since_best += 1
-        return bool(self.patience) and self.since_best >= self.patience
-
-
-def dev_callback(rows: list[dict[str, str]], tokenizer: Any, cfg) -> Any:
-    """A TrainerCallback that measures greedy flexible accuracy on the dev rows every
-    `cfg.dev_every` steps and at the last, logs it (history and MLflow) and stops at the plateau."""
-    from transformers import TrainerCallback
-
-    from components import gsm8k
-    from components.train_samples import greedy
-
-    prompts = [gsm8k.render_prompt(r["question"], tokenizer) for r in rows]
-
-    class DevAccuracy(TrainerCallback):
-        plateau = Plateau(cfg.plateau_patience, cfg.plateau_min_delta)
-        stopped_early = False
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step % cfg.dev_every and state.global_step < state.max_steps:
-                return
-            training = model.training
-            model.eval()
-            completions = greedy(model, tokenizer, prompts, max_new_tokens=cfg.dev_max_new_tokens)
-            model.train(training)
-            accuracy = sum(gsm8k.is_correct(c, r["gold"], "flexible") for c, r in zip(completions, rows, strict=True))
-            accuracy /= len(rows)
-            state.log_history.append({"dev_accuracy": accuracy, "step": state.global_step})
-            if state.is_world_process_zero:
-                import mlflow
-
-                if mlflow.active_run():
-                    mlflow.log_metric("dev_accuracy", accuracy, step=state.global_step)
-            if self.plateau.update(accuracy) and state.global_step < state.max_steps:
-                self.stopped_early = control.should_training_stop = True
-
-        def summary(self) -> dict[str, Any]:
-            curve = self.plateau.curve
-            return {"dev_size": len(rows), "dev_accuracy_best": self.plateau.best,
-                    "dev_accuracy_final": curve[-1] if curve else None, "stopped_at_plateau": self.stopped_early}
-
-    return DevAccuracy()
-
-
 def fingerprint_settings(params: Params) -> dict[str, Any]:
     """The settings that enter the resume fingerprint (finetune.fingerprint)."""
     from components import finetune
@@ -206,7 +140,8 @@ def run(params: Params) -> Path:
     rows, dev = split_dev(rows, cfg.dev_size)
     model, tokenizer = modelio.load_model_and_tokenizer(params.model.base_dir, params.model)
     dataset, counts = build_demos(rows, tokenizer, cfg)
-    callbacks = [dev_callback(dev, tokenizer, cfg)] if dev else []
+    callbacks = [dev_callback(dev, tokenizer, cfg.dev_every, cfg.dev_max_new_tokens,
+                              Plateau(cfg.plateau_patience, cfg.plateau_min_delta))] if dev else []
     fp = finetune.fingerprint(STAGE, fingerprint_settings(params), [data_dir / "train.jsonl", params.model.base_dir])
     checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, STAGE)
 

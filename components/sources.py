@@ -27,6 +27,8 @@ from components.errors import DataError, InputError
 from components.files import JSONLineError, iter_jsonl
 from components.gsm8k import normalize_number, split_gsm8k_answer
 
+_CALC_RE = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations: one per reasoning step
+
 MAX_REPORTED = 10  # bad rows printed in full; the rest are counted
 Record = tuple[str, str, Any]  # (where, default id, record or DataError)
 
@@ -36,8 +38,11 @@ def convert_row(obj: Any, default_id: str) -> dict[str, str]:
 
     Raises DataError with the reason (the caller adds where the row came from).
 
+    `steps` is the problem's number of reasoning steps (`count_steps`), or a prepared row's own
+    `steps` (its solution has lost the annotations that counted them).
+
     >>> convert_row({"question": "Q?", "answer": "2 + 2 = <<2+2=4>>4\\n#### 4"}, "train-1")
-    {'id': 'train-1', 'question': 'Q?', 'solution': '2 + 2 = 4', 'gold': '4'}
+    {'id': 'train-1', 'question': 'Q?', 'solution': '2 + 2 = 4', 'gold': '4', 'steps': 1}
     """
     if not isinstance(obj, dict):
         raise DataError(f"expected a JSON object, got {type(obj).__name__}")
@@ -57,7 +62,29 @@ def convert_row(obj: Any, default_id: str) -> dict[str, str]:
         raise DataError(f"field 'answer': final answer {final[:40]!r} is not a number")
     row_id = obj.get("id")
     row_id = str(row_id) if row_id not in (None, "") else default_id
-    return {"id": row_id, "question": obj["question"].strip(), "solution": solution, "gold": gold}
+    if "steps" in obj:
+        steps = obj["steps"]
+        if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 0):
+            raise DataError(f"field 'steps' must be a non-negative integer or null, got {steps!r}")
+    else:
+        steps = count_steps(obj["answer"])
+    return {"id": row_id, "question": obj["question"].strip(), "solution": solution, "gold": gold, "steps": steps}
+
+
+def count_steps(answer: str) -> int | None:
+    """A GSM8K-format answer's number of reasoning steps: its `<<...>>` calculator annotations, or
+    where it has none its reasoning lines before `####`; None for an answer-only one (unbanded).
+
+    >>> count_steps("48/2 = <<48/2=24>>24 clips\\n48+24 = <<48+24=72>>72\\n#### 72")
+    2
+    >>> count_steps("Half of 48 is 24.\\nSo 72 in all.\\n#### 72"), count_steps("#### 72")
+    (2, None)
+    """
+    annotations = len(_CALC_RE.findall(answer))
+    if annotations:
+        return annotations
+    lines = [line for line in answer[: answer.rfind("####")].splitlines() if line.strip()]
+    return len(lines) or None
 
 
 def normalize_question(text: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,9 @@ def cli_evaluate(args: argparse.Namespace) -> int:
         _load_checked(args), args.model, data=args.data, protocol=args.protocol, backend=args.backend,
         limit=args.limit, output=args.output,
     )
+    from components.reports import steps_table
+
+    print(steps_table(metrics), file=sys.stderr, flush=True)  # stdout stays one JSON object
     print(json.dumps(metrics, indent=2, sort_keys=True))
     return 0
 

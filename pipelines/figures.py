@@ -1,6 +1,8 @@
 """Figures of a pipeline run, logged as images on its MLflow parent run (matplotlib, no display).
 
     accuracy_figure(metrics)                 strict and flexible accuracy per model, Wilson 95% intervals
+    steps_figure(metrics)                    flexible accuracy per number of reasoning steps, SFT beside
+                                             GRPO, the target band shaded
     training_curves_figure(history, rewards) GRPO's per-step curves from its history CSV
                                              (reward total and per function, reward std, KL,
                                              completion length, groups without signal, loss)
@@ -65,6 +67,38 @@ def accuracy_figure(metrics: dict[str, dict[str, Any]]):
     return fig
 
 
+def steps_figure(metrics: dict[str, dict[str, Any]]):
+    """Flexible accuracy per number of reasoning steps, one line per model (SFT beside GRPO), with
+    Wilson 95% intervals; the target band shaded."""
+    from components.bands import band_label, parse_band
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    steps = sorted({int(k) for m in metrics.values() for k in m.get("by_steps", {}) if k.isdigit()})
+    band = next((parse_band(m["target_band"]) for m in metrics.values() if m.get("target_band")), None)
+    if band:
+        ax.axvspan(band[0] - 0.4, (band[1] or max(steps, default=band[0])) + 0.4, color="tab:orange", alpha=0.12,
+                   label=f"target band ({band_label(band)})")
+    for i, (model, m) in enumerate(metrics.items()):
+        points = [(k, m["by_steps"][str(k)]) for k in steps if str(k) in m.get("by_steps", {})]
+        if not points:
+            continue
+        xs = [k + (i - (len(metrics) - 1) / 2) * 0.08 for k, _ in points]  # side by side, not on top
+        ys = [float(p["accuracy_flexible"]) for _, p in points]
+        lows = [y - float((p.get("accuracy_flexible_ci95") or [y, y])[0]) for y, (_, p) in zip(ys, points, strict=True)]
+        highs = [float((p.get("accuracy_flexible_ci95") or [y, y])[1]) - y for y, (_, p) in zip(ys, points, strict=True)]
+        ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=4, label=model)
+    ax.set_xticks(steps, [str(k) for k in steps])
+    ax.set_xlabel("reasoning steps of the problem")
+    ax.set_ylabel("accuracy, flexible (95% Wilson interval)")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9)
+    ax.set_title("Accuracy by number of reasoning steps", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 def read_history(path: str | os.PathLike) -> dict[str, list[float]]:
     """{column: values} of a training history CSV; empty or non-numeric cells are nan."""
 
@@ -123,6 +157,9 @@ def log_figures(client: Any, run_id: str, metrics: dict[str, dict[str, Any]], gr
     figures = []
     if any(k in m for m in metrics.values() for k, _ in ACCURACY_KEYS):
         figures.append(("figures/accuracy.png", metrics, lambda: accuracy_figure(metrics)))
+    if any(m.get("by_steps") for m in metrics.values()):
+        by_steps = {model: {k: m.get(k) for k in ("by_steps", "target_band")} for model, m in metrics.items()}
+        figures.append(("figures/accuracy_by_steps.png", by_steps, lambda: steps_figure(metrics)))
     if grpo_history is not None and grpo_history.is_file():
         figures.append(("figures/grpo_training.png", [hashlib.sha256(grpo_history.read_bytes()).hexdigest(), reward_funcs],
                         lambda: training_curves_figure(read_history(grpo_history), reward_funcs)))

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from components.params import Params
-from components.reports import ACCURACY_CSV, HEADLINE_DIR, headline, read_comparison, read_metrics
+from components.reports import (
+    ACCURACY_CSV,
+    HEADLINE_DIR,
+    STEPS_CSV,
+    band_headlines,
+    headline,
+    read_comparison,
+    read_metrics,
+)
 from components.tracking import ui_address
 from pipelines.lineage import PipelineRun, run_name
 from pipelines.results import RunSummary, StageResult
@@ -83,6 +91,9 @@ def headlines(s: RunSummary) -> list[tuple[str, str]]:
     out = []
     for pair, c in (s.comparison or {}).items():
         a, b = pair.split("_vs_", 1)  # the pair's names (its "a"/"b" keys are McNemar counts)
+        if banded := band_headlines(a, b, c, s.metrics, s.alpha):  # evaluate.target_band: the band first
+            out += banded
+            continue
         fmt = [s.metrics.get(m, {}).get("format_rate") for m in (a, b)]
         by_metric = c.get("by_metric") or {c.get("metric", ""): c}
         out.append((f"{a} vs {b}", headline(a, b, by_metric, *fmt, alpha=s.alpha)))
@@ -105,7 +116,7 @@ def reports(params: Params) -> dict[str, list[str]]:
 
     ev = params.evaluate.output_dir
     models = list(stage_models(params))
-    out: dict[str, list[str]] = {ev: [*(f"{m}.json" for m in models), "comparison.json", ACCURACY_CSV,
+    out: dict[str, list[str]] = {ev: [*(f"{m}.json" for m in models), "comparison.json", ACCURACY_CSV, STEPS_CSV,
                                       *(f"{m}.items.jsonl" for m in models), *(f"{HEADLINE_DIR}/{m}.json" for m in models)]}
     for section in (params.sft, params.selection, params.grpo):
         for path in (section.metrics_file, getattr(section, "history_file", None) or section.histogram_file):

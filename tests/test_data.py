@@ -59,7 +59,7 @@ def test_jsonl_source_converts_gsm8k_rows(tmp_path):
     assert rows[0]["solution"].startswith("Natalia sold 48/2 = 24 clips in May.")
     assert "<<" not in "".join(r["solution"] for r in rows)
     assert "####" not in "".join(r["solution"] for r in rows)
-    assert rows[0]["id"] == "train-1" and set(rows[0]) == {"id", "question", "solution", "gold"}
+    assert rows[0]["id"] == "train-1" and set(rows[0]) == {"id", "question", "solution", "gold", "steps"}
     assert stats["counts"] == {"train": 3, "test": 1}
     import hashlib
 

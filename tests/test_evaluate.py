@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from components import evaluate, lm_eval_gsm8k, scoring
+from components import evaluate, lm_eval_gsm8k, metrics, scoring
 from components.config import DataParams, ModelParams, load_params
 from components.errors import BackendError, DataError
 from components.sources import load_problems
@@ -87,7 +87,7 @@ def test_score_and_summarize_hand_made_items():
     assert [i["correct_flexible"] for i in items] == [True, False, True, True]
     assert [i["format_ok"] for i in items] == [True, True, False, False]
     assert [i["extracted"] for i in items] == ["7", "13", None, None]
-    m = scoring.item_metrics(items)
+    m = metrics.item_metrics(items)
     assert m["n"] == 4
     assert m["accuracy_strict"] == 0.25 and m["accuracy_flexible"] == 0.75 and m["format_rate"] == 0.5
     assert m["mean_completion_tokens"] == 25.0
@@ -104,7 +104,7 @@ def test_compare_pairs_items_by_id():
         {"id": str(i), "correct": c, "correct_flexible": True}
         for i, c in enumerate([False, False, True, False])
     ]
-    res = scoring.compare(a, list(reversed(b)), "accuracy_strict")  # order must not matter
+    res = metrics.compare(a, list(reversed(b)), "accuracy_strict")  # order must not matter
     assert res["metric"] == "accuracy_strict"
     assert res["delta"] == pytest.approx(0.5)
     assert res["p_value"] == pytest.approx(0.5)  # b=2, c=0: 2 * 2**-2

@@ -410,7 +410,7 @@ def test_summary_states_correctness_and_format_apart():
     """The demo's situation: GRPO tags every answer (strict accuracy up) while its answers are no
     more often right. The terminal summary and the MLflow description say so in words."""
     from components.evaluate import comparisons
-    from components.scoring import item_metrics as score
+    from components.metrics import item_metrics as score
     from pipelines.results import RunSummary
     from pipelines.summary import format_run_summary, summary_markdown
 

@@ -144,6 +144,9 @@ RERUNS = {
     "components/train_samples.py": {"sft", "grpo"},
     "components/evaluate.py": {"evaluate"},
     "components/scoring.py": {"evaluate"},
+    "components/metrics.py": {"evaluate"},
+    "components/dev_accuracy.py": {"sft", "grpo"},
+    "components/bands.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},  # params_rules checks bands
     "components/generation.py": {"evaluate"},
     "components/vllm_backend.py": {"evaluate"},
     "components/vllm_worker.py": {"evaluate"},
