@@ -477,7 +477,7 @@ class EvaluateParams:
         "Where lm-eval-gsm8k few-shot examples come from: '' (the train split of an hf: source, else the prepared "
         "train split), 'jsonl:PATH' or 'hf:NAME[:CONFIG]' (its train split).",
     )
-    target_band: str = _f(
+    target_band: str | int = _f(
         "",
         "The reasoning steps the user cares about: N, N-M or N+ (e.g. 3, 3-4, 5+; '' = every problem). The summary "
         "headline, the MLflow description, the DVC metrics and the promotion gate use the problems of this band; "

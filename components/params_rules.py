@@ -193,4 +193,5 @@ def check_section(name: str, cfg: Any) -> None:
         _check_rewards(cfg)
     elif name == "evaluate":
         _check_sources("evaluate", cfg, ("data", "fewshot_source"), synthetic=False)
+        cfg.target_band = str(cfg.target_band)  # `-S evaluate.target_band=3` reads as YAML's 3: one spelling
         parse_band(cfg.target_band)

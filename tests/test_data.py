@@ -314,3 +314,45 @@ def test_answer_only_settings_fail_early_naming_the_key(tmp_path):
         load_params(None, ["data.synthetic_answer_only_min_steps=4", "data.synthetic_answer_only_max_steps=2"])
     with pytest.raises(ConfigError, match="needs data.train_source=synthetic; .* data.answer_only_share"):
         load_params(None, ["data.train_source=jsonl:x.jsonl", "data.synthetic_answer_only_size=10"])
+
+
+# GSM8K-format rows of 1, 2, 3 and 4 calculator annotations, one without annotations (3 reasoning
+# lines) and one answer-only row (unbanded).
+BANDED_ROWS = [
+    {"question": f"Q{n}: how many after {n} steps?",
+     "answer": "\n".join(f"Step {k}: {k}+1 = <<{k}+1={k + 1}>>{k + 1}" for k in range(n)) + f"\n#### {n}"}
+    for n in (1, 2, 3, 4)
+] + [
+    {"question": "Q5: lines without annotations?", "answer": "First 2.\nThen 3.\nSo 5.\n#### 5"},
+    {"question": "Q6: only the final answer?", "answer": "#### 6"},
+]
+
+
+def test_steps_are_counted_from_annotations_lines_or_unbanded(tmp_path):
+    stats = run(cfg(tmp_path, train_source=f"jsonl:{write_jsonl(tmp_path / 'banded.jsonl', BANDED_ROWS)}"))
+    rows = read_jsonl(tmp_path / "out" / "train.jsonl")
+    assert [r["steps"] for r in rows] == [1, 2, 3, 4, 3, None]
+    assert stats["steps"]["train"] == {"1": 1, "2": 1, "3": 2, "4": 1, "unbanded": 1}
+    assert read_jsonl(tmp_path / "out" / "test.jsonl")[0]["steps"] == 1
+
+
+def test_step_bands_split_any_source_into_demonstrations_and_answer_only_problems(tmp_path, capsys):
+    source = f"jsonl:{write_jsonl(tmp_path / 'banded.jsonl', BANDED_ROWS)}"
+    stats = run(cfg(tmp_path, train_source=source, demo_max_steps=2, answer_only_min_steps=4))
+    train, grpo = read_jsonl(tmp_path / "out" / "train.jsonl"), read_jsonl(tmp_path / "out" / "grpo.jsonl")
+    assert [(r["question"][:2], r["steps"]) for r in train] == [("Q1", 1), ("Q2", 2)]
+    # 4 annotations and the answer-only row go to GRPO without their solution; the 3-step rows to neither
+    assert [(r["question"][:2], r["steps"], r["solution"]) for r in grpo] == [("Q4", 4, ""), ("Q6", None, "")]
+    assert stats["outside_bands"] == 2 and stats["grpo"]["answer_only"] is True
+    assert stats["steps"]["grpo"] == {"4": 1, "unbanded": 1}
+
+
+def test_step_bands_that_overlap_or_leave_no_demonstration_fail_naming_the_keys(tmp_path):
+    from components.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"data.answer_only_min_steps \(2\) must be above data.demo_max_steps \(2\)"):
+        load_params(None, ["data.demo_max_steps=2", "data.answer_only_min_steps=2"])
+    source = f"jsonl:{write_jsonl(tmp_path / 'banded.jsonl', BANDED_ROWS)}"
+    with pytest.raises(DataError, match="no demonstrations left for SFT .*data.answer_only_min_steps=1"):
+        run(cfg(tmp_path, train_source=source, answer_only_min_steps=1))
+    assert not (tmp_path / "out").exists()  # nothing half-written

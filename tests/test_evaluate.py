@@ -478,3 +478,48 @@ def test_vllm_processes_do_not_print_the_known_harmless_reduce_op_warning():
     quiet = stderr(worker_env(plain))
     assert "reduce_op" not in quiet and "FutureWarning: other" in quiet
     assert "reduce_op` is deprecated" in stderr(worker_env({**plain, "PYTHONWARNINGS": "always"}))
+
+
+def test_target_band_slices_reports_comparison_plot_data_and_mlflow(workspace):
+    """evaluate.target_band: every report says how each model did per step count, on the band and on
+    the others, and the pairs are compared on the same slices."""
+    import mlflow
+
+    params_args = sum((["-S", o] for o in overrides(workspace, "evaluate.limit=12", "evaluate.target_band=2+")), [])
+    assert evaluate.main(params_args) == 0
+    out = workspace / "reports/eval"
+    test_rows = {r["id"]: r for r in read_items(workspace / "data/processed/test.jsonl")}
+    items = read_items(out / "grpo.items.jsonl")
+    assert [i["steps"] for i in items] == [test_rows[i["id"]]["steps"] for i in items]
+    m = json.loads((out / "grpo.json").read_text())
+    target = [i for i in items if i["steps"] >= 2]
+    assert m["target_band"] == "2+" and m["target"]["n"] == len(target) and m["in_band"]["n"] == 12 - len(target)
+    assert m["target"]["accuracy_flexible"] == sum(i["correct_flexible"] for i in target) / len(target)
+    assert sum(s["n"] for s in m["by_steps"].values()) == 12
+    comparison = json.loads((out / "comparison.json").read_text())["grpo_vs_sft"]
+    assert comparison["target"]["n"] == len(target) and comparison["target_band"] == "2+"
+    assert set(comparison["by_steps"]) == set(m["by_steps"])
+    headline = json.loads((out / "metrics/grpo.json").read_text())
+    assert headline["target_accuracy_flexible"] == m["target"]["accuracy_flexible"] and headline["target_n"] == len(target)
+    csv_rows = (out / "accuracy_by_steps.csv").read_text().splitlines()
+    assert csv_rows[0] == "steps,sft,grpo" and len(csv_rows) == 1 + len(m["by_steps"])
+    run = mlflow.search_runs(search_all_experiments=True, order_by=["start_time DESC"], output_format="list")[0]
+    assert run.data.metrics["grpo/target/accuracy_flexible"] == m["target"]["accuracy_flexible"]
+    assert "grpo_vs_sft/target/accuracy_flexible/p_value" in run.data.metrics
+    assert any(k.startswith("grpo/steps_") for k in run.data.metrics)
+
+
+def test_cli_on_a_gsm8k_file_prints_accuracy_per_step_count(workspace, tmp_path, capsys):
+    rows = [{"question": f"Ann has {n} pens and buys 1 pen {n} times. How many now?",
+             "answer": "\n".join(f"{n + k}+1 = <<{n + k}+1={n + k + 1}>>{n + k + 1}" for k in range(n)) + f"\n#### {2 * n}"}
+            for n in (1, 2, 2, 3)]
+    data = tmp_path / "gsm8k" / "test.jsonl"
+    data.parent.mkdir()
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["evaluate", "--model", str(workspace / "models/sft"), "--data", f"jsonl:{data}", "--output", str(tmp_path / "o")]
+    assert cli.main([*args, *sum((["-S", o] for o in overrides(workspace, "evaluate.target_band=3")), [])]) == 0
+    captured = capsys.readouterr()
+    table = captured.err[captured.err.index("accuracy per number of reasoning steps (target band: 3 steps)"):]
+    lines = [line.split() for line in table.splitlines()[2:6]]
+    assert [(cells[0], cells[1]) for cells in lines] == [("1", "1"), ("2", "2"), ("3", "1"), ("target", "band")]
+    assert json.loads(captured.out)["by_steps"]["2"]["n"] == 2  # stdout stays the metrics JSON
