@@ -32,6 +32,7 @@ from pipelines import dvc_ops
 from pipelines.dvc_ops import (
     StageFailed,
     entry_md5,
+    failure_message,
     lock_entry,
     run_dvc,
     stage_env,
@@ -103,7 +104,7 @@ def run_stage_here(
         before = lock_entry(work, stage)
         rc, tail = run_dvc(["repro", "--single-item", stage, "--pull"], work, env)
         if rc != 0:
-            raise StageFailed(f"stage '{stage}' failed in {work} (dvc exit {rc}):\n{tail}")
+            raise StageFailed(failure_message(stage, rc, tail, f" in {work}"))
         status = stage_status(tail, before, lock_entry(work, stage))
         rc, tail = dvc_ops.push(work, env, [stage])
         if rc != 0:

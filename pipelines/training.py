@@ -41,6 +41,7 @@ from pipelines.dvc_ops import (
     TransientError,
     default_remote,
     entry_md5,
+    failure_message,
     is_transient,
     last_line,
     lock_entry,
@@ -123,7 +124,7 @@ def run_stage(stage: str, run: PipelineRun, placement: str = "local", unchanged:
     if rc != 0:
         if is_transient(tail) and "failed to run" not in tail:
             raise TransientError(f"stage '{stage}': {last_line(tail, rc)}")
-        raise StageFailed(f"stage '{stage}' failed (dvc exit {rc}):\n{tail}")
+        raise StageFailed(failure_message(stage, rc, tail))
     after = lock_entry(run.root, stage)
     return StageResult(stage, stage_status(tail, before, after), seconds, entry_md5(after))
 
