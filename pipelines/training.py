@@ -55,7 +55,7 @@ from pipelines.placement import submit
 from pipelines.results import RunSummary, StageResult
 from pipelines.runlock import pipeline_lock
 from pipelines.runtime import prefect_api_log
-from pipelines.summary import links, publish_mlflow, run_summary, summary_markdown
+from pipelines.summary import links, publish_failure, publish_mlflow, run_summary, summary_markdown
 
 __all__ = ["training_pipeline", "StageFailed", "TransientError"]
 
@@ -218,7 +218,7 @@ def training_pipeline(overrides: list[str] | None = None) -> RunSummary:
             pulled = dvc_pull(run, unchanged)
             stages: list[StageResult] = []
             for stage in stage_order(root):  # read here, not in a task: its names would fan out in the graph
-                with failure_recorded(stage, stages, run):
+                with failure_recorded(stage, stages, run, publish_failure):
                     stages.append(run_stage.with_options(name=stage, task_run_name=stage)(
                         stage, run, vars(params.placement).get(stage, "local"), unchanged))
             pushed = dvc_push(run, unchanged)
