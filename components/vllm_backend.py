@@ -164,7 +164,7 @@ class ConsoleFilter:
         while (end := re.search(r"[\r\n]", self.pending)) is not None:
             segment, self.pending = self.pending[: end.end()], self.pending[end.end() :]
             line = segment.rstrip("\r\n")
-            if self.passed or on_console(line):
+            if self.passed or (line.strip() and on_console(line)):  # blank lines: the hidden records' ends
                 self.echo(segment[self.passed :])
                 if line.strip():
                     self.shown.append(line)
