@@ -12,6 +12,9 @@ reports `ran`, `restored` (from DVC's run cache) or `skipped` by comparing the s
 another process, a failed spawn) but never a stage command that failed. No Prefect caching
 anywhere: dvc.lock is the one cache of stage work.
 
+A stage that fails ends the flow with its own error line first (dvc_ops.failure_message), tagged
+`grpoflow.error` on the parent run, whose description starts with it (summary.publish_failure).
+
 The run is named `<short commit> <overrides>` (`rerun` added when no stage ran) in Prefect and
 MLflow alike; the stages' output reaches the flow run's log in the Prefect UI line by line; at the
 end the summary becomes the MLflow run's description and a Prefect markdown artifact, with link
