@@ -334,7 +334,7 @@ def failure_recorded(
     describe: Callable[[PipelineRun, list[StageResult], BaseException], Any] | None = None,
 ) -> Iterator[None]:
     """On a stage failure, record the stages so far and the failed one on the parent run, tag it with
-    the error's first line (ERROR_TAG: the failed stage's own error line, pipelines/dvc_ops.py
+    the error's first line (ERROR_TAG: the failed stage's own error line, pipelines/results.py
     failure_message), let `describe` write the run's description, then re-raise."""
     try:
         yield

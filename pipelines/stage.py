@@ -32,7 +32,6 @@ from pipelines import dvc_ops
 from pipelines.dvc_ops import (
     StageFailed,
     entry_md5,
-    failure_message,
     lock_entry,
     run_dvc,
     stage_env,
@@ -40,6 +39,7 @@ from pipelines.dvc_ops import (
     upstream_stages,
 )
 from pipelines.gitrepo import working_copy
+from pipelines.results import failure_message
 
 STAGE_FLOW = "grpoflow-stage"
 RESULT_ARTIFACT = "stage_result.json"

@@ -204,7 +204,7 @@ def summary_markdown(s: RunSummary) -> str:
 
 def failure_markdown(error: BaseException | str, stages: list[StageResult]) -> str:
     """A failed run's description: the error's first line first (a failed stage's own error line,
-    pipelines/dvc_ops.py failure_message), then the stages so far.
+    pipelines/results.py failure_message), then the stages so far.
 
     >>> print(failure_markdown("stage 'data' failed: data/x.jsonl line 3: no 'question'\\n(dvc exit 1)", [StageResult("data", "failed")]))
     **Failed:** stage 'data' failed: data/x.jsonl line 3: no 'question'

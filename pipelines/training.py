@@ -12,7 +12,7 @@ reports `ran`, `restored` (from DVC's run cache) or `skipped` by comparing the s
 another process, a failed spawn) but never a stage command that failed. No Prefect caching
 anywhere: dvc.lock is the one cache of stage work.
 
-A stage that fails ends the flow with its own error line first (dvc_ops.failure_message), tagged
+A stage that fails ends the flow with its own error line first (results.failure_message), tagged
 `grpoflow.error` on the parent run, whose description starts with it (summary.publish_failure).
 
 The run is named `<short commit> <overrides>` (`rerun` added when no stage ran) in Prefect and
@@ -44,7 +44,6 @@ from pipelines.dvc_ops import (
     TransientError,
     default_remote,
     entry_md5,
-    failure_message,
     is_transient,
     last_line,
     lock_entry,
@@ -55,7 +54,7 @@ from pipelines.dvc_ops import (
 )
 from pipelines.lineage import FLOW_NAME, PipelineRun, failure_recorded, flow_run_name, parent_run
 from pipelines.placement import submit
-from pipelines.results import RunSummary, StageResult
+from pipelines.results import RunSummary, StageResult, failure_message
 from pipelines.runlock import pipeline_lock
 from pipelines.runtime import prefect_api_log
 from pipelines.summary import links, publish_failure, publish_mlflow, run_summary, summary_markdown
