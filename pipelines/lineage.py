@@ -346,7 +346,10 @@ def failure_recorded(
         first = (str(exc).splitlines() or [type(exc).__name__])[0]
         mlflow.MlflowClient().set_tag(run.run_id, ERROR_TAG, first[:MAX_TAG_CHARS])
         if describe is not None:
-            describe(run, done, exc)
+            try:
+                describe(run, done, exc)
+            except Exception as why:  # noqa: BLE001 (the stage's error is the one to raise)
+                print(f"warning: the failed run's description was not written: {why}", flush=True)
         raise
 
 
