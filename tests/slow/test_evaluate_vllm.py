@@ -100,6 +100,8 @@ def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys, monkeypat
         assert rc == 0, capsys.readouterr().err
         metrics = json.loads((out / "model.json").read_text())
         assert metrics["backend"] == backend and metrics["n"] == 24
+        if not vllm_importable():  # the engine's log beside the reports (the subprocess route)
+            assert (out / "model.vllm.log").is_file() == (backend == "vllm")
         items[backend] = [json.loads(line) for line in (out / "model.items.jsonl").read_text().splitlines()]
 
     hf, vl = items["transformers"], items["vllm"]
