@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import codecs
-import collections
 import importlib.util
 import json
 import os
@@ -144,7 +143,7 @@ def on_console(line: str) -> bool:
 class ConsoleFilter:
     """The worker's output as it arrives, to `echo` (the console) the parts `on_console` keeps. A line
     is judged when it ends (a newline, or the carriage return of a progress bar's redraw); an
-    unfinished one that is a progress bar is shown as it is drawn. `shown` keeps the last lines shown.
+    unfinished one that is a progress bar is shown as it is drawn.
 
     >>> out = []
     >>> f = ConsoleFilter(out.append)
@@ -155,9 +154,8 @@ class ConsoleFilter:
     'Processed prompts:  50%|#  | 1/2\\rProcessed prompts: 100%|##| 2/2\\nerror: x\\n'
     """
 
-    def __init__(self, echo: Callable[[str], Any], keep: int = 15):
+    def __init__(self, echo: Callable[[str], Any]):
         self.echo, self.pending, self.passed = echo, "", 0  # passed: chars of `pending` already shown
-        self.shown: collections.deque[str] = collections.deque(maxlen=keep)
 
     def feed(self, text: str) -> None:
         self.pending += text
@@ -166,8 +164,6 @@ class ConsoleFilter:
             line = segment.rstrip("\r\n")
             if self.passed or (line.strip() and on_console(line)):  # blank lines: the hidden records' ends
                 self.echo(segment[self.passed :])
-                if line.strip():
-                    self.shown.append(line)
             self.passed = 0
         if self.pending and (self.passed or PROGRESS.search(self.pending)):
             self.echo(self.pending[self.passed :])
