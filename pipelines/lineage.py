@@ -11,7 +11,8 @@
                                        (tags, and the splits as MLflow datasets), per stage its status,
                                        seconds and MLflow run id, and the evaluation metrics (accuracy
                                        first, so compare views lead with it); returns the lineage tags
-    failure_recorded(stage, stages, run)   context manager: a failing stage is recorded, then re-raised
+    failure_recorded(stage, stages, run, describe)   context manager: a failing stage is recorded, its
+                                       error line tagged (grpoflow.error) and described, then re-raised
     version_tags(lineage, run)         what a registered model version carries from the pipeline run
                                        (the base model's origin included: lineage.base.*)
     lineage_versions(params)           package versions for the `grpoflow.version.*` tags, vLLM's the one
@@ -34,7 +35,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,9 @@ from components.files import md5_file, sha256_tree
 from components.params import Params
 from components.reports import read_metrics
 from components.tracking import (
+    ERROR_TAG,
     HOST_TAG,
+    MAX_TAG_CHARS,
     PID_TAG,
     STAGE_TAG,
     TAG_PREFIX,
@@ -326,12 +329,27 @@ def _stage_run_id(client, parent_run_id: str, s: StageResult) -> str | None:
 
 
 @contextlib.contextmanager
-def failure_recorded(stage: str, stages: list[StageResult], run: PipelineRun) -> Iterator[None]:
-    """On a stage failure, record the stages so far and the failed one on the parent run, then re-raise."""
+def failure_recorded(
+    stage: str, stages: list[StageResult], run: PipelineRun,
+    describe: Callable[[PipelineRun, list[StageResult], BaseException], Any] | None = None,
+) -> Iterator[None]:
+    """On a stage failure, record the stages so far and the failed one on the parent run, tag it with
+    the error's first line (ERROR_TAG: the failed stage's own error line, pipelines/results.py
+    failure_message), let `describe` write the run's description, then re-raise."""
     try:
         yield
-    except Exception:
-        record(run, [*stages, StageResult(stage, "failed")])
+    except Exception as exc:
+        done = [*stages, StageResult(stage, "failed")]
+        record(run, done)
+        import mlflow
+
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        mlflow.MlflowClient().set_tag(run.run_id, ERROR_TAG, first[:MAX_TAG_CHARS])
+        if describe is not None:
+            try:
+                describe(run, done, exc)
+            except Exception as why:  # noqa: BLE001 (the stage's error is the one to raise)
+                print(f"warning: the failed run's description was not written: {why}", flush=True)
         raise
 
 

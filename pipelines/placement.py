@@ -105,8 +105,13 @@ def submit(stage: str, kind: str, run: PipelineRun) -> StageResult:
     flow_run = run_deployment(name, parameters=parameters, timeout=None, poll_interval=2)
     state = flow_run.state
     if state is None or not state.is_completed():
+        message = (state.message or "") if state else ""
+        if f"StageFailed: stage '{stage}' failed" in message:  # the stage's own error line stays first
+            own = message.split("StageFailed: ", 1)[1]
+            raise StageFailed(own.replace(f"stage '{stage}' failed", f"stage '{stage}' failed on the {kind} pool "
+                                          f"(flow run {flow_run.name})", 1))
         raise StageFailed(f"stage '{stage}' on the {kind} pool: flow run {flow_run.name} ended "
-                          f"{state.type.value if state else 'without a state'}: {state.message if state else ''}")
+                          f"{state.type.value if state else 'without a state'}: {message}")
     result = _result(run, stage, commit)
     merge_lock_entry(root, stage, result["lock_entry"])
     rc, tail = dvc_ops.pull(root, stage_env(run.run_id, run.tracking_uri), [stage])

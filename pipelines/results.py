@@ -6,6 +6,9 @@
                   and the Prefect artifacts show; the `training-pipeline` flow's return value
 
 Registration and promotion decisions cross as the dicts of components/promotion.py `as_dict`.
+
+A failed stage crosses as its error (dvc_ops.StageFailed), whose message `failure_message` writes:
+the stage's own error line first (`stage_error`), then the exit code and the output's last lines.
 """
 
 from __future__ import annotations
@@ -47,3 +50,47 @@ class RunSummary:
     reports: dict[str, list[str]]  # {folder: [files]}
     figures: list[str] = field(default_factory=list)  # artifact paths on the parent run
     alpha: float = 0.05  # register.alpha: the significance level the summary's verdicts use
+
+
+STAGE_ERROR_PREFIX = "error: "  # how a stage's entry point states its error (components/entry.py `fail`)
+FAILURE_TAIL_LINES = 20  # of a failed stage's output, in its error message after the error line
+
+
+def stage_error(tail: str) -> str | None:
+    """The stage's own error line in its output: the last `error: ...` line its entry point printed
+    (without the prefix), else the exception line that ends its last traceback (a bug); None when it
+    printed neither (DVC failed before or around the command). Whatever the stage or its engine
+    printed after it (vLLM's shutdown, DVC's `ERROR: failed to reproduce ...`) does not hide it.
+
+    >>> stage_error("loading\\nerror: data/x.jsonl line 3: no 'question' field\\nshutting down\\nERROR: failed to reproduce 'data'")
+    "data/x.jsonl line 3: no 'question' field"
+    >>> stage_error("Traceback (most recent call last):\\n  File 'x.py', line 1\\n    f()\\nKeyError: 'gold'\\nERROR: failed to reproduce 'sft'")
+    "KeyError: 'gold'"
+    >>> stage_error("ERROR: failed to reproduce 'sft': dependency 'models/base' does not exist") is None
+    True
+    """
+    lines = tail.splitlines()
+    for line in reversed(lines):
+        if line.startswith(STAGE_ERROR_PREFIX):
+            return line[len(STAGE_ERROR_PREFIX):].strip()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Traceback (most recent call last)"):
+            return next((line for line in lines[i + 1 :] if line.strip() and not line[0].isspace()), None)
+    return None
+
+
+def failure_message(stage: str, rc: int, tail: str, where: str = "") -> str:
+    """A failed stage's error: its own error line first (stage_error; DVC's last line when the stage
+    printed none), then the exit code and the last lines of the output for context.
+
+    >>> print(failure_message("selection", 1, "INFO x\\nerror: kept 3 of 40 prompts\\nINFO shutdown\\nERROR: failed to reproduce 'selection'"))
+    stage 'selection' failed: kept 3 of 40 prompts
+    (dvc exit 1; the last lines of its output:)
+    INFO x
+    error: kept 3 of 40 prompts
+    INFO shutdown
+    ERROR: failed to reproduce 'selection'
+    """
+    line = stage_error(tail) or (tail.splitlines()[-1] if tail else str(rc))  # DVC's last line
+    context = "\n".join(tail.splitlines()[-FAILURE_TAIL_LINES:])
+    return f"stage '{stage}' failed{where}: {line}\n(dvc exit {rc}; the last lines of its output:)\n{context}"

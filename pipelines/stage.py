@@ -39,6 +39,7 @@ from pipelines.dvc_ops import (
     upstream_stages,
 )
 from pipelines.gitrepo import working_copy
+from pipelines.results import failure_message
 
 STAGE_FLOW = "grpoflow-stage"
 RESULT_ARTIFACT = "stage_result.json"
@@ -103,7 +104,7 @@ def run_stage_here(
         before = lock_entry(work, stage)
         rc, tail = run_dvc(["repro", "--single-item", stage, "--pull"], work, env)
         if rc != 0:
-            raise StageFailed(f"stage '{stage}' failed in {work} (dvc exit {rc}):\n{tail}")
+            raise StageFailed(failure_message(stage, rc, tail, f" in {work}"))
         status = stage_status(tail, before, lock_entry(work, stage))
         rc, tail = dvc_ops.push(work, env, [stage])
         if rc != 0:

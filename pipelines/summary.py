@@ -7,6 +7,8 @@ flow's return value), its terminal rendering, and the same story in MLflow and P
                                    (tag mlflow.note.content) and the flow run's artifact in Prefect
     publish_mlflow(run, summary, params)  name (`rerun` added when no stage ran), description and
                                    figures (accuracy per model, GRPO's curves) onto the parent run
+    publish_failure(run, stages, error)   a failed run's: the description and the Prefect artifact start
+                                   with the error line (failure_markdown)
     links(summary)                 {what: URL} of the MLflow run and the registered version
     time_line(total, startup, waited, tasks)   where a run's seconds went, printed last by `grpoflow run`
 """
@@ -209,6 +211,35 @@ def summary_markdown(s: RunSummary) -> str:
         out.append(f"Reports: `{folder}/` ({', '.join(files)})")
     out.append("Compare with other runs: `dvc metrics diff`, `dvc plots show`, `dvc exp show`.")
     return "\n".join(out) + "\n"
+
+
+def failure_markdown(error: BaseException | str, stages: list[StageResult]) -> str:
+    """A failed run's description: the error's first line first (a failed stage's own error line,
+    pipelines/results.py failure_message), then the stages so far.
+
+    >>> print(failure_markdown("stage 'data' failed: data/x.jsonl line 3: no 'question'\\n(dvc exit 1)", [StageResult("data", "failed")]))
+    **Failed:** stage 'data' failed: data/x.jsonl line 3: no 'question'
+    <BLANKLINE>
+    | stage | status | seconds |
+    |---|---|---:|
+    | data | failed | 0.0 |
+    <BLANKLINE>
+    """
+    first = (str(error).splitlines() or [type(error).__name__])[0]
+    out = [f"**Failed:** {first}", "", "| stage | status | seconds |", "|---|---|---:|"]
+    out += [f"| {st.stage} | {st.status} | {st.seconds:.1f} |" for st in stages]
+    return "\n".join(out) + "\n"
+
+
+def publish_failure(run: PipelineRun, stages: list[StageResult], error: BaseException) -> None:
+    """A failed run's summary where users look: the MLflow run's description and the Prefect flow run's
+    markdown artifact, both starting with the error line."""
+    import mlflow
+    from prefect.artifacts import create_markdown_artifact
+
+    text = failure_markdown(error, stages)
+    mlflow.MlflowClient().set_tag(run.run_id, DESCRIPTION_TAG, text)
+    create_markdown_artifact(text, key="training-summary", description="grpoflow run failed")
 
 
 def publish_mlflow(run: PipelineRun, s: RunSummary, params: Params) -> list[str]:

@@ -12,6 +12,9 @@ reports `ran`, `restored` (from DVC's run cache) or `skipped` by comparing the s
 another process, a failed spawn) but never a stage command that failed. No Prefect caching
 anywhere: dvc.lock is the one cache of stage work.
 
+A stage that fails ends the flow with its own error line first (results.failure_message), tagged
+`grpoflow.error` on the parent run, whose description starts with it (summary.publish_failure).
+
 The run is named `<short commit> <overrides>` (`rerun` added when no stage ran) in Prefect and
 MLflow alike; the stages' output reaches the flow run's log in the Prefect UI line by line; at the
 end the summary becomes the MLflow run's description and a Prefect markdown artifact, with link
@@ -51,10 +54,10 @@ from pipelines.dvc_ops import (
 )
 from pipelines.lineage import FLOW_NAME, PipelineRun, failure_recorded, flow_run_name, parent_run
 from pipelines.placement import submit
-from pipelines.results import RunSummary, StageResult
+from pipelines.results import RunSummary, StageResult, failure_message
 from pipelines.runlock import pipeline_lock
 from pipelines.runtime import prefect_api_log
-from pipelines.summary import links, publish_mlflow, run_summary, summary_markdown
+from pipelines.summary import links, publish_failure, publish_mlflow, run_summary, summary_markdown
 
 __all__ = ["training_pipeline", "StageFailed", "TransientError"]
 
@@ -123,7 +126,7 @@ def run_stage(stage: str, run: PipelineRun, placement: str = "local", unchanged:
     if rc != 0:
         if is_transient(tail) and "failed to run" not in tail:
             raise TransientError(f"stage '{stage}': {last_line(tail, rc)}")
-        raise StageFailed(f"stage '{stage}' failed (dvc exit {rc}):\n{tail}")
+        raise StageFailed(failure_message(stage, rc, tail))
     after = lock_entry(run.root, stage)
     return StageResult(stage, stage_status(tail, before, after), seconds, entry_md5(after))
 
@@ -217,7 +220,7 @@ def training_pipeline(overrides: list[str] | None = None) -> RunSummary:
             pulled = dvc_pull(run, unchanged)
             stages: list[StageResult] = []
             for stage in stage_order(root):  # read here, not in a task: its names would fan out in the graph
-                with failure_recorded(stage, stages, run):
+                with failure_recorded(stage, stages, run, publish_failure):
                     stages.append(run_stage.with_options(name=stage, task_run_name=stage)(
                         stage, run, vars(params.placement).get(stage, "local"), unchanged))
             pushed = dvc_push(run, unchanged)

@@ -90,3 +90,37 @@ def test_serve_on_the_network_without_a_key_is_refused_naming_the_option(checkou
         assert proc.returncode == 2
         line = one_line(proc)
         assert "--api-key" not in line and "no-such-folder" in line
+
+
+def test_a_failing_stage_states_its_own_error_line_first(tmp_path):
+    """The flow's error (what `grpoflow run` prints), the failed run's summary (its MLflow description)
+    and its MLflow error tag start with the failed stage's own `error:` line, not with the last lines of
+    its output (DVC's `ERROR: failed to reproduce`, an engine's shutdown chatter). The stage's own run
+    carries that line too."""
+    import mlflow
+
+    repo = make_project_repo(tmp_path / "repo")
+    (repo / "data").mkdir(exist_ok=True)
+    (repo / "data" / "bad.jsonl").write_text('{"question": "1 + 1?", "answer": "#### 2"}\n{"question": "2 + 2?"}\n')
+    proc = grpoflow(repo, "run", "-S", "data.train_source=jsonl:data/bad.jsonl")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    out = (proc.stdout + proc.stderr).splitlines()
+    failed = [line for line in out if line.startswith("error: stage 'data' failed: ")]
+    assert len(failed) == 1, "\n".join(out[-40:])
+    # The data stage's own error (the first `error:` line: the stage's output streams first), whose
+    # next line names the file and row; the flow's error, printed last, starts with it.
+    own = next(i for i, line in enumerate(out) if line.startswith("error: "))
+    assert out[own] == "error: 1 bad row(s) in the train source:" and "data/bad.jsonl:2" in out[own + 1]
+    first = f"stage 'data' failed: {out[own].removeprefix('error: ')}"
+    assert failed[0] == f"error: {first}"
+
+    client = mlflow.MlflowClient()  # the test's store (MLFLOW_TRACKING_URI)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "tags.`grpoflow.pipeline` = 'training-pipeline'")
+    assert len(runs) == 1
+    parent = runs[0]
+    assert parent.info.status == "FAILED"
+    assert parent.data.tags["grpoflow.error"] == first
+    assert parent.data.tags["mlflow.note.content"].splitlines()[0] == f"**Failed:** {first}"
+    stage_run = client.search_runs([parent.info.experiment_id], "tags.`grpoflow.stage` = 'data'")[0]
+    assert stage_run.info.status == "FAILED" and stage_run.data.tags["grpoflow.error"] == first.split(": ", 1)[1]

@@ -419,8 +419,13 @@ def test_backend_auto_falls_back_to_transformers_saying_why(workspace, tmp_path,
     broken = GenerationSettings(max_new_tokens=4, vllm_python=sys.executable)
     assert generate(workspace / "models/sft", ["Question: 1+1?"], broken).backend == "transformers"
     assert "backend auto: transformers, because vLLM failed" in caplog.text
-    with pytest.raises(BackendError, match="vLLM worker"):
+    # The error says why first (the worker's exception line), not the last lines of its output.
+    with pytest.raises(BackendError, match=r"vLLM worker .* failed with exit code 1: ModuleNotFoundError: No module named 'vllm'"):
         generate(workspace / "models/sft", ["Question: 1+1?"], broken, backend="vllm")
+    log = tmp_path / "logs/sft.vllm.log"
+    with pytest.raises(BackendError, match=f"No module named 'vllm'; its log: {log}"):
+        generate(workspace / "models/sft", ["Question: 1+1?"], broken, backend="vllm", vllm_log=log)
+    assert "ModuleNotFoundError" in log.read_text()
 
 
 def test_failed_stage_leaves_previous_reports(workspace, tmp_path, capsys):

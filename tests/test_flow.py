@@ -202,8 +202,10 @@ def test_training_flow_end_to_end(toy):
     runs_log = toy.parent / "grpo-runs.log"
     before = runs_log.read_text().count("ran")
     write_toy_params(toy, fail=True)
-    with pytest.raises(StageFailed, match="stage 'grpo' failed"):
+    with pytest.raises(StageFailed, match="stage 'grpo' failed") as raised:
         training_pipeline()
+    first = "stage 'grpo' failed: toy grpo: failing on purpose"  # its own error line, not the chatter after it
+    assert str(raised.value).splitlines()[0] == first
     assert runs_log.read_text().count("ran") == before + 1  # exactly one attempt
     assert (toy / "models/grpo/skill.txt").read_text() == "31"
     failed = client.search_runs(
@@ -211,6 +213,8 @@ def test_training_flow_end_to_end(toy):
         order_by=["attributes.start_time DESC"], max_results=1,
     )[0]
     assert failed.info.status == "FAILED" and failed.data.tags["grpoflow.stages.grpo.status"] == "failed"
+    assert failed.data.tags["grpoflow.error"] == first
+    assert failed.data.tags["mlflow.note.content"].startswith(f"**Failed:** {first}\n")
     assert len(client.search_model_versions("name = 'grpoflow-policy'")) == 2
 
 

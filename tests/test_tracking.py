@@ -6,6 +6,7 @@ params logging and FAILED status, against a real MLflow SQLite store.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -142,7 +143,33 @@ def test_stage_run_marks_failed_and_reraises(repo):
             raise RuntimeError("boom")
     client = mlflow.MlflowClient()
     assert client.get_run(run.info.run_id).info.status == "FAILED"
+    assert client.get_run(run.info.run_id).data.tags["grpoflow.error"] == "RuntimeError: boom"
     assert mlflow.active_run() is None
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_stage_run_logs_the_engine_logs_it_wrote_success_or_failure(repo, fails):
+    """An engine's log the body wrote is an artifact under logs/ (on failure too: that is when it is
+    read); one left by an earlier run, not rewritten by this one, is not."""
+    import time
+
+    import mlflow
+
+    from components.errors import DataError
+
+    old, new = repo / "reports/old.vllm.log", repo / "reports/new.vllm.log"
+    old.parent.mkdir()
+    old.write_text("an earlier run's\n")
+    os.utime(old, (time.time() - 60, time.time() - 60))
+    with pytest.raises(DataError) if fails else contextlib.nullcontext():
+        with stage_run("grpo", load_params(), logs=[old, new, repo / "reports/none.vllm.log"]) as run:
+            new.write_text("INFO engine started\n")
+            if fails:
+                raise DataError("data/x.jsonl line 2: no 'question'\nset data.on_bad_rows=skip")
+    client = mlflow.MlflowClient()
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "logs")] == ["logs/new.vllm.log"]
+    tags = client.get_run(run.info.run_id).data.tags
+    assert tags.get("grpoflow.error") == ("data/x.jsonl line 2: no 'question'" if fails else None)
 
 
 def test_stage_run_in_a_child_process_finds_parent(repo, monkeypatch):

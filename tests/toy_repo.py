@@ -9,7 +9,8 @@ flow must sort them by the graph:
     evaluate -> reports/eval/grpo.items.jsonl + grpo.json + sft.json        (item i correct iff i % 100 < skill)
 
 The grpo and evaluate stages log to MLflow through `components.tracking.stage_run`;
-prepare does not (the flow then makes its child run). `grpo.fail: true` makes grpo exit 1;
+prepare does not (the flow then makes its child run). `grpo.fail: true` makes grpo exit 1 (an
+`error:` line, then 40 lines of shutdown chatter);
 every grpo execution appends a line to `<repo>/../grpo-runs.log` and draws a progress bar
 (`toy training N/5`, redrawn with carriage returns).
 
@@ -57,7 +58,9 @@ with stage_run(stage, load_params(), extra_params={"toy": cfg.get(stage, {})}):
             print(f"\\rtoy training {step}/5", end="", flush=True)
         print(flush=True)
         if cfg["grpo"].get("fail"):
-            print("toy grpo: failing on purpose", file=sys.stderr)
+            print("error: toy grpo: failing on purpose", file=sys.stderr)  # as components/entry.py states it
+            for i in range(40):  # then an engine's shutdown chatter, as vLLM's
+                print(f"(EngineCore pid=1) INFO 12-02 16:55:03 [core.py:{i}] [shutdown] step {i}", file=sys.stderr)
             sys.exit(1)
         tmp = Path("models/grpo.tmp")
         shutil.rmtree(tmp, ignore_errors=True)

@@ -25,16 +25,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 VLLM_PYTHON = ".venv-vllm/bin/python"
 
 
-def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys, monkeypatch):
+def needs_vllm() -> None:
     if not (vllm_importable() or resolve_vllm_python(VLLM_PYTHON)):
         if os.environ.get("CI"):
             pytest.fail("CI must provide vLLM for this test: run `make venv-vllm` before the tests")
         pytest.skip("no vLLM here: run `make venv-vllm`")
+
+
+def tiny_model(tmp_path) -> None:
+    """data/ (the prepared splits) and model/ (a tiny model trained on nothing) under `tmp_path`."""
     from components import data
     from components import model as model_stage
     from components.modelio import save_model
 
-    monkeypatch.chdir(tmp_path)  # the checkout: stage paths must lie inside it
     data.run(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=60, synthetic_test_size=24))
     # head_dim 32: vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, ...
     cfg = ModelParams(
@@ -42,6 +45,35 @@ def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys, monkeypat
     )
     model, tok = model_stage.build_tiny(cfg, tmp_path / "data/train.jsonl")
     save_model(model, tok, tmp_path / "model")
+
+
+def test_vllm_engine_log_goes_to_its_file_and_the_console_shows_progress_only(tmp_path, capfd, monkeypatch):
+    """A vLLM generation in its venv: vLLM's INFO records (about 40 per engine start) and the known-harmless
+    warnings go to the log file beside the stage's reports, not to the stage's console; the progress bar does."""
+    needs_vllm()
+    if vllm_importable():
+        pytest.skip("vLLM runs in this process here: the worker's log file is the subprocess route's")
+    from components.generation import GenerationSettings, generate
+    from components.vllm_backend import VLLM_RECORD
+
+    monkeypatch.chdir(tmp_path)
+    tiny_model(tmp_path)
+    capfd.readouterr()
+    log = tmp_path / "reports/eval/model.vllm.log"
+    settings = GenerationSettings(max_new_tokens=8, dtype="float32", num_samples=2, vllm_python=VLLM_PYTHON)
+    gen = generate(tmp_path / "model", ["1 + 1 = ", "2 + 3 = "], settings, "vllm", sample_seeds=[1, 2], vllm_log=log)
+    console = capfd.readouterr().err.replace("\r", "\n").splitlines()
+    assert gen.backend == "vllm" and len(gen.samples) == 2
+    assert [line for line in console if " INFO " in line or VLLM_RECORD.match(line)] == []
+    assert any(line.startswith("Processed prompts: 100%") for line in console)
+    records = [line for line in log.read_text().splitlines() if VLLM_RECORD.match(line)]
+    assert len(records) > 20 and any(" INFO " in line for line in records)
+
+
+def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys, monkeypatch):
+    needs_vllm()
+    monkeypatch.chdir(tmp_path)  # the checkout: stage paths must lie inside it
+    tiny_model(tmp_path)
 
     items = {}
     for backend in ("transformers", "vllm"):
@@ -68,6 +100,8 @@ def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys, monkeypat
         assert rc == 0, capsys.readouterr().err
         metrics = json.loads((out / "model.json").read_text())
         assert metrics["backend"] == backend and metrics["n"] == 24
+        if not vllm_importable():  # the engine's log beside the reports (the subprocess route)
+            assert (out / "model.vllm.log").is_file() == (backend == "vllm")
         items[backend] = [json.loads(line) for line in (out / "model.items.jsonl").read_text().splitlines()]
 
     hf, vl = items["transformers"], items["vllm"]
