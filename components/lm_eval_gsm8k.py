@@ -80,14 +80,14 @@ def choose_fewshot_source(explicit: str, data: str, prepared_dir: str) -> Fewsho
     Anything else is refused, naming evaluate.fewshot_source.
 
     >>> choose_fewshot_source("", "hf:openai/gsm8k:main", "data/processed").describe()
-    'hf:openai/gsm8k:main (train split), the data source's own train split'
+    'hf:openai/gsm8k:main (train split), the train split of the data source'
     >>> choose_fewshot_source("", "jsonl:data/processed/test.jsonl", "data/processed").source
     'jsonl:data/processed/train.jsonl'
     """
     if explicit:
         return FewshotSource(explicit, "train", "set by evaluate.fewshot_source")
     if data.startswith("hf:"):
-        return FewshotSource(data, "train", "the data source's own train split")
+        return FewshotSource(data, "train", "the train split of the data source")
     path = _jsonl_path(data)
     if path is not None:
         prepared = Path(prepared_dir) / "test.jsonl"
