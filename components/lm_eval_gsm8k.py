@@ -20,6 +20,13 @@ The harness's task (lm_eval/tasks/gsm8k/gsm8k.yaml, version 3.0) is:
 Numbers from this protocol can be set beside published lm-eval gsm8k figures (e.g.
 Qwen2.5-0.5B-Instruct: 49.6 on GSM8K) when run on `hf:openai/gsm8k:main`.
 
+The few-shot examples come from the test data's own train split (`choose_fewshot_source`):
+`evaluate.fewshot_source` when set; else an `hf:` source's train split, the prepared train
+split for the prepared test split, or the `train.jsonl` beside a `jsonl:DIR/X.jsonl` file
+(GSM8K's own layout); else an error that names `evaluate.fewshot_source`. Given GSM8K's
+train split, `build_prompts` builds exactly the harness's contexts (tests/slow/test_lm_eval_harness.py
+runs the harness itself beside it).
+
     python -m doctest components/lm_eval_gsm8k.py
 """
 
@@ -28,6 +35,10 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from components.errors import EvaluationError
 
 NUM_FEWSHOT = 5
 FEWSHOT_SEED = 1234
@@ -39,6 +50,62 @@ INVALID = "[invalid]"
 _STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")
 _FLEXIBLE_RE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
 _IGNORE_RES = [re.compile(p) for p in (",", r"\$", r"(?s).*#### ", r"\.$")]
+
+
+@dataclass(frozen=True)
+class FewshotSource:
+    """Where the few-shot examples come from: `source`'s `split`, and the rule that chose it."""
+
+    source: str  # jsonl:PATH or hf:NAME[:CONFIG]
+    split: str
+    rule: str
+
+    def describe(self) -> str:
+        where = self.source if self.source.startswith("jsonl:") else f"{self.source} ({self.split} split)"
+        return f"{where}, {self.rule}"
+
+
+def _jsonl_path(source: str) -> Path | None:
+    return Path(source[len("jsonl:") :]) if source.startswith("jsonl:") and len(source) > len("jsonl:") else None
+
+
+def choose_fewshot_source(explicit: str, data: str, prepared_dir: str) -> FewshotSource:
+    """The few-shot source a user expects for the test data `data`, first rule that applies:
+
+    1. `explicit` (evaluate.fewshot_source), when set;
+    2. an `hf:NAME[:CONFIG]` source: its own train split (the harness's `fewshot_split`);
+    3. the prepared test split (`jsonl:PREPARED_DIR/test.jsonl`): the prepared train split;
+    4. `jsonl:DIR/X.jsonl`: `jsonl:DIR/train.jsonl` when that file exists and is not X.jsonl itself.
+
+    Anything else is refused, naming evaluate.fewshot_source.
+
+    >>> choose_fewshot_source("", "hf:openai/gsm8k:main", "data/processed").describe()
+    'hf:openai/gsm8k:main (train split), the train split of the data source'
+    >>> choose_fewshot_source("", "jsonl:data/processed/test.jsonl", "data/processed").source
+    'jsonl:data/processed/train.jsonl'
+    """
+    if explicit:
+        return FewshotSource(explicit, "train", "set by evaluate.fewshot_source")
+    if data.startswith("hf:"):
+        return FewshotSource(data, "train", "the train split of the data source")
+    path = _jsonl_path(data)
+    if path is not None:
+        prepared = Path(prepared_dir) / "test.jsonl"
+        if path.resolve() == prepared.resolve():
+            return FewshotSource(f"jsonl:{prepared.parent / 'train.jsonl'}", "train", "the prepared train split")
+        beside = path.parent / "train.jsonl"
+        if beside.is_file() and beside.resolve() != path.resolve():
+            return FewshotSource(f"jsonl:{beside}", "train", "the train.jsonl beside the test file")
+        why = "it is the test file itself" if beside.resolve() == path.resolve() else "no such file"
+        raise EvaluationError(
+            f"lm-eval-gsm8k takes its few-shot examples from a train split, and --data {data} has none "
+            f"({beside}: {why}): set -S evaluate.fewshot_source=jsonl:PATH (GSM8K's train.jsonl, as the "
+            "harness uses) or hf:NAME[:CONFIG], or -S evaluate.num_fewshot=0"
+        )
+    raise EvaluationError(
+        f"lm-eval-gsm8k: no train split known for --data {data!r}: set -S evaluate.fewshot_source=jsonl:PATH "
+        "or hf:NAME[:CONFIG]"
+    )
 
 
 def doc_to_text(question: str) -> str:

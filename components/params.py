@@ -474,8 +474,10 @@ class EvaluateParams:
     fewshot_seed: int = _f(1234, "Seed of the harness's few-shot sampler (lm-eval's default is 1234).", ge=0)
     fewshot_source: str = _f(
         "",
-        "Where lm-eval-gsm8k few-shot examples come from: '' (the train split of an hf: source, else the prepared "
-        "train split), 'jsonl:PATH' or 'hf:NAME[:CONFIG]' (its train split).",
+        "Where lm-eval-gsm8k few-shot examples come from: '' (the data's own train split: an hf: source's train "
+        "split; for the prepared test split the prepared train split; for jsonl:DIR/X.jsonl the DIR/train.jsonl "
+        "beside it, GSM8K's layout; anything else is refused), 'jsonl:PATH' or 'hf:NAME[:CONFIG]' (its train "
+        "split). The source used is logged, and recorded as the report's fewshot_source and an MLflow tag.",
     )
     target_band: str | int = _f(
         "",

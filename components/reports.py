@@ -278,7 +278,11 @@ def log_to_mlflow(results: Results, comparison: dict[str, Any] | None, paths: li
             )
     mlflow.log_metrics(metrics)
     backends = sorted({m["backend"] for m, _ in results.values()})
-    mlflow.set_tags({f"{TAG_PREFIX}eval.backend": ",".join(backends)})
+    tags = {f"{TAG_PREFIX}eval.backend": ",".join(backends)}
+    fewshot = sorted({m["fewshot_source"] for m, _ in results.values() if m.get("fewshot_source")})
+    if fewshot:  # lm-eval-gsm8k: which train split the few-shot examples came from
+        tags[f"{TAG_PREFIX}eval.fewshot_source"] = ",".join(fewshot)
+    mlflow.set_tags(tags)
     for path in paths:
         mlflow.log_artifact(str(path), artifact_path="eval")
     if log_table:

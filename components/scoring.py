@@ -40,15 +40,13 @@ def data_source(params: Params, override: str | None = None) -> str:
     return src or f"jsonl:{Path(params.data.output_dir) / 'test.jsonl'}"
 
 
-def fewshot_source(params: Params, data: str) -> tuple[str, str]:
-    """(source, split) of the lm-eval few-shot examples."""
-    if params.evaluate.fewshot_source:
-        src = params.evaluate.fewshot_source
-    elif data.startswith("hf:"):
-        src = data
-    else:
-        src = f"jsonl:{Path(params.data.output_dir) / 'train.jsonl'}"
-    return src, "train"
+def fewshot_source(params: Params, data: str) -> lm_eval_gsm8k.FewshotSource | None:
+    """Where lm-eval-gsm8k's few-shot examples for test data `data` come from (None: 0-shot);
+    the rules are `lm_eval_gsm8k.choose_fewshot_source`'s."""
+    cfg = params.evaluate
+    if not cfg.num_fewshot:
+        return None
+    return lm_eval_gsm8k.choose_fewshot_source(cfg.fewshot_source, data, params.data.output_dir)
 
 
 def build_prompts(
@@ -60,10 +58,11 @@ def build_prompts(
     if protocol == "lm-eval-gsm8k":
         cfg = params.evaluate
         shots: list[dict[str, str]] = []
-        if cfg.num_fewshot:
-            src, split = fewshot_source(params, data)
+        source = fewshot_source(params, data)
+        if source is not None:
             shots = [
-                {"question": r["question"], "answer": r["answer"]} for r in load_problems(src, split=split)
+                {"question": r["question"], "answer": r["answer"]}
+                for r in load_problems(source.source, split=source.split)
             ]
         try:
             prompts = lm_eval_gsm8k.build_prompts(
@@ -227,6 +226,9 @@ def evaluate_model(
     vllm_log: str | Path | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(metrics, items) of one model on `problems`; vLLM's engine log, if it runs, to `vllm_log`."""
+    shots = fewshot_source(params, data) if protocol == "lm-eval-gsm8k" else None
+    if shots is not None:
+        log.info("lm-eval-gsm8k few-shot examples: %s", shots.describe())
     gen, settings = _generate(model, problems, protocol, params, data, backend, vllm_log)
     items = [
         score_item(p, c, t, protocol)
@@ -249,6 +251,8 @@ def evaluate_model(
         "data": data,
         "test_sha256": problems_sha256(problems),  # which items: the promotion gate compares like with like
     }
+    if shots is not None:
+        metrics.update(fewshot_source=shots.source, fewshot_split=shots.split, fewshot_rule=shots.rule)
     if settings.num_samples:
         metrics.update(sample_temperature=settings.temperature, sample_seconds=gen.sample_seconds)
     for key in ("vllm_version", "endpoint", "served_model"):

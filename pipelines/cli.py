@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate the first N problems (default: evaluate.limit; 0 = all)")
     p.add_argument("--protocol", choices=["grpoflow", "lm-eval-gsm8k"], default=None,
                    help="grpoflow: the training prompt and tag format; lm-eval-gsm8k: lm-evaluation-harness's "
-                   "5-shot gsm8k task (default: evaluate.protocol from params)")
+                   "5-shot gsm8k task, its examples from the data's own train split, e.g. the train.jsonl beside a "
+                   "jsonl:DIR/test.jsonl (evaluate.fewshot_source overrides) (default: evaluate.protocol from params)")
     p.add_argument("--backend", choices=["auto", "vllm", "transformers"], default=None,
                    help="generation backend (default: evaluate.backend from params)")
     p.add_argument("--output", default=None, metavar="DIR",

@@ -6,7 +6,10 @@ URL such as http://127.0.0.1:8000/v1 from `grpoflow serve`) on a dataset.
 the MLflow registry (or takes a folder), generates on vLLM or transformers per
 `evaluate.backend`, writes `<name>.json` / `<name>.items.jsonl` and logs an MLflow run
 named `evaluate`. Use it to re-check the champion on new data or with the
-lm-evaluation-harness protocol, on a schedule or by hand:
+lm-evaluation-harness protocol, on a schedule or by hand. The lm-eval protocol's few-shot
+examples come from the data's own train split (`--data jsonl:DIR/test.jsonl` uses
+DIR/train.jsonl, `hf:` sources their train split; `evaluate.fewshot_source` overrides), which
+is printed and recorded (report key and MLflow tag `fewshot_source`):
 
     grpoflow evaluate --model models/grpo                           # any folder or models:/NAME@ALIAS
     grpoflow evaluate --model http://127.0.0.1:8000/v1 --limit 20   # a served model (grpoflow serve)
@@ -37,7 +40,7 @@ from components.evaluate import STAGE as EVALUATE
 from components.modelio import resolve_model
 from components.params import Params
 from components.reports import log_to_mlflow, write_reports
-from components.scoring import data_source, evaluate_model
+from components.scoring import data_source, evaluate_model, fewshot_source
 from components.sources import load_problems
 from components.tracking import TAG_PREFIX, stage_run
 
@@ -82,6 +85,8 @@ def evaluate_one(
     data = data_source(params, data)
     if not data.startswith(("jsonl:", "hf:")):
         raise EvaluationError(f"--data {data!r}: expected jsonl:PATH or hf:NAME[:CONFIG]")
+    if protocol == "lm-eval-gsm8k":
+        fewshot_source(params, data)  # no train split for the few-shot examples fails here, naming the setting
     name = _slug(model_spec)
     out_dir = Path(output or Path(cfg.output_dir) / "cli" / name)
     extra = {
