@@ -90,7 +90,7 @@ def test_a_small_pipeline_runs_registers_and_shows_its_results(tmp_path):
     assert parent.info.run_name == head
     assert "| grpo | " in parent.data.tags["mlflow.note.content"]
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "figures")} == {
-        "figures/accuracy.png", "figures/grpo_training.png"}
+        "figures/accuracy.png", "figures/accuracy_by_steps.png", "figures/grpo_training.png"}
     test_sha = hashlib.sha256((repo / "data/processed/test.jsonl").read_bytes()).hexdigest()
     assert {(d.dataset.name, d.dataset.digest) for d in parent.inputs.dataset_inputs} >= {("test", test_sha[:36])}
     children = {r.data.tags["grpoflow.stage"]: r for r in client.search_runs(
@@ -110,7 +110,7 @@ def test_a_small_pipeline_runs_registers_and_shows_its_results(tmp_path):
     rerun = client.search_runs([parent.info.experiment_id], "tags.`grpoflow.pipeline` = 'training-pipeline'",
                                order_by=["attributes.start_time DESC"])[0]
     assert rerun.info.run_id != parent.info.run_id and rerun.info.run_name == f"{head} rerun"
-    for name in ("accuracy.png", "grpo_training.png"):
+    for name in ("accuracy.png", "accuracy_by_steps.png", "grpo_training.png"):
         first, second = (Path(client.download_artifacts(r.info.run_id, f"figures/{name}", str(tmp_path / r.info.run_id)))
                          for r in (parent, rerun))
         assert first.read_bytes() == second.read_bytes() and first.read_bytes()[:4] == b"\x89PNG"
