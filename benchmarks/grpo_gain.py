@@ -21,7 +21,7 @@ prompt) and compares them on the same items (exact McNemar test). Prints one JSO
                                                            --sample-items test items (default 250)
   sft_sampled_accuracy, grpo_sampled_accuracy              mean flexible correctness of those samples
   sft_pass_at_k, grpo_pass_at_k                            unbiased pass@k (flexible) of those samples
-                                                           (components/scoring.py, as `evaluate` does)
+                                                           (components/evaluation/scoring.py, as `evaluate` does)
   frac_reward_zero_std                                     mean over GRPO's logs of the share of groups
                                                            whose rewards are all equal (no signal)
   sft_continued_accuracy_flexible (+ sft_continued_accuracy, the control: models/sft trained further
@@ -98,11 +98,11 @@ CONTINUED = "sft_continued"  # the control's model folder and report names (mode
 def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, continued: bool) -> dict:
     """Greedy evaluation of models/sft, models/grpo (and the continued-SFT control) on the test split,
     paired (the scored items in items/<model>.jsonl); then k samples per item of the first `sample_items` problems for SFT and GRPO."""
-    from components import scoring
-    from components.config import load_params
-    from components.files import jsonl_bytes, write_files
-    from components.modelio import resolve_model
-    from components.sources import load_problems
+    from components.common.files import jsonl_bytes, write_files
+    from components.evaluation import scoring
+    from components.models.modelio import resolve_model
+    from components.problems.sources import load_problems
+    from pipelines.params.config import load_params
 
     cwd = os.getcwd()
     os.chdir(workdir)
@@ -169,7 +169,7 @@ def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, con
 
 def reports(workdir: Path, overrides: list[str]):
     """The params of the runs in `workdir` (paths of the stage reports)."""
-    from components.config import load_params
+    from pipelines.params.config import load_params
 
     return load_params(workdir / "params.yaml", overrides)
 
@@ -212,7 +212,7 @@ def pooled(per_seed: list[list[tuple[bool, bool]]]) -> dict:
     >>> r["n"], r["delta"], round(r["p_value"], 4)
     (20, 0.3, 0.0312)
     """
-    from components.stats import compare_paired
+    from components.evaluation.stats import compare_paired
 
     pairs = [pair for items in per_seed for pair in items]
     res = compare_paired([g for g, _ in pairs], [s for _, s in pairs])

@@ -1,7 +1,7 @@
 """Stage `data`: build the versioned, validated train and test splits.
 
 Sources (params `data.train_source` / `data.test_source`):
-  synthetic          a seeded generator of GSM8K-style word problems (components/synthetic.py)
+  synthetic          a seeded generator of GSM8K-style word problems (components/problems/synthetic.py)
   jsonl:PATH         GSM8K's native lines {"question": ..., "answer": "...\\n#### 72"}
   hf:NAME[:CONFIG]   a Hugging Face dataset (e.g. hf:openai/gsm8k:main), or a local dataset
                      folder (files loadable by `datasets.load_dataset`, or `save_to_disk` output)
@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.entry import stage_main
-from components.errors import ConfigError, DataError
-from components.files import jsonl_bytes, replace_dir
-from components.params import DataParams
-from components.sources import (
+from components.common.entry import stage_main
+from components.common.errors import ConfigError, DataError
+from components.common.files import jsonl_bytes, replace_dir
+from components.common.params import DataParams
+from components.problems.sources import (
     MAX_REPORTED,
     Record,
     bad_rows_message,
@@ -45,7 +45,7 @@ from components.sources import (
     normalize_question,
     records,
 )
-from components.synthetic import iter_synthetic
+from components.problems.synthetic import iter_synthetic
 
 STAGE = "data"
 
@@ -180,7 +180,7 @@ def run_tracked(params) -> dict[str, Any]:
     """The stage inside its MLflow run: counts as metrics, stats.json as an artifact."""
     import mlflow
 
-    from components.tracking import stage_run
+    from components.common.tracking import stage_run
 
     with stage_run(STAGE, params):
         stats = run(params.data)

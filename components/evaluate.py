@@ -1,16 +1,16 @@
 """Stage `evaluate`: GSM8K accuracy of the SFT and GRPO models (and the base model by a flag).
 
 Reads the problems (default: the prepared test split), generates greedy completions on
-vLLM or transformers (components/generation.py, `evaluate.backend`), scores them with the
-project's one scorer (components/scoring.py, components/gsm8k.py) and writes into
-`evaluate.output_dir` (components/reports.py):
+vLLM or transformers (components/evaluation/generation.py, `evaluate.backend`), scores them with the
+project's one scorer (components/evaluation/scoring.py, components/problems/gsm8k.py) and writes into
+`evaluate.output_dir` (components/evaluation/reports.py):
 
 - `<model>.json`: `accuracy_strict` (the `<answer>` tag of a well-formed completion),
   `accuracy_flexible` (the last number, lm-evaluation-harness's flexible-extract idea),
   `format_rate`, `mean_completion_tokens`, `n`, Wilson 95% intervals, completions per
   second and the backend (DVC metrics); with `evaluate.num_samples` k > 0 (default 8) also
   the sampled metrics at the training temperature: `sampled_accuracy_*`, `pass_at_k_*`,
-  `maj_at_k_*` with their intervals (components/scoring.py);
+  `maj_at_k_*` with their intervals (components/evaluation/scoring.py);
 - `<model>.items.jsonl`: per problem `id`, `gold`, `completion`, `extracted`, `correct`
   (+ the flexible and format columns, and the k samples' answers and verdicts); the
   promotion gate pairs models by `id`;
@@ -23,7 +23,7 @@ All of it is logged to MLflow in a run named `evaluate` (metrics `<model>/<metri
 reports as artifacts, the items as a table the UI can browse). Files appear atomically:
 a failed run leaves the previous reports in place.
 
-The protocol `lm-eval-gsm8k` (components/lm_eval_gsm8k.py) swaps in lm-evaluation-harness's
+The protocol `lm-eval-gsm8k` (components/evaluation/lm_eval_gsm8k.py) swaps in lm-evaluation-harness's
 5-shot gsm8k prompts and scoring, for numbers comparable with published ones.
 
     python -m components.evaluate                                   # the DVC stage
@@ -41,13 +41,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from components.entry import stage_main
-from components.errors import EvaluationError
-from components.modelio import is_model_dir, resolve_model
-from components.params import Params
-from components.reports import Results, log_to_mlflow, write_reports
-from components.scoring import compare, data_source, evaluate_model
-from components.sources import load_problems
+from components.common.entry import stage_main
+from components.common.errors import EvaluationError
+from components.common.params import Params
+from components.evaluation.reports import Results, log_to_mlflow, write_reports
+from components.evaluation.scoring import compare, data_source, evaluate_model
+from components.models.modelio import is_model_dir, resolve_model
+from components.problems.sources import load_problems
 
 log = logging.getLogger("grpoflow.evaluate")
 
@@ -109,7 +109,7 @@ def summary(results: Results, comparison: dict[str, Any] | None) -> dict[str, An
 
 def run_tracked(params: Params) -> dict[str, Any]:
     """The stage inside its MLflow run; prints the summary as JSON."""
-    from components.tracking import stage_run
+    from components.common.tracking import stage_run
 
     data = data_source(params)
     local = {Path(data[6:]).stem: (data[6:], "evaluation")} if data.startswith("jsonl:") else None

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from components.errors import ConfigError
+from components.common.errors import ConfigError
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
 KEYS = ("description", "memory", "params")

@@ -5,7 +5,7 @@
     RunSummary    the run: what `grpoflow run` prints (summary.format_run_summary), the MLflow description
                   and the Prefect artifacts show; the `training-pipeline` flow's return value
 
-Registration and promotion decisions cross as the dicts of components/promotion.py `as_dict`.
+Registration and promotion decisions cross as the dicts of pipelines/promotion.py `as_dict`.
 """
 
 from __future__ import annotations

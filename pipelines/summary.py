@@ -16,9 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from components.params import Params
-from components.reports import ACCURACY_CSV, HEADLINE_DIR, headline, read_comparison, read_metrics
-from components.tracking import ui_address
+from components.common.params import Params
+from components.common.tracking import ui_address
+from components.evaluation.reports import ACCURACY_CSV, HEADLINE_DIR, headline, read_comparison, read_metrics
 from pipelines.lineage import PipelineRun, run_name
 from pipelines.results import RunSummary, StageResult
 

@@ -31,10 +31,9 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from components.overrides import check_remote_overrides, write_overrides
-from components.params import Params
-from components.params_load import load_params, params_in
-from components.tracking import repo_root
+from components.common.params import Params
+from components.common.params_load import load_params, params_in
+from components.common.tracking import repo_root
 from pipelines import dvc_ops, lineage
 from pipelines.dvc_ops import (
     StageFailed,
@@ -50,6 +49,7 @@ from pipelines.dvc_ops import (
     stage_status,
 )
 from pipelines.lineage import FLOW_NAME, PipelineRun, failure_recorded, flow_run_name, parent_run
+from pipelines.params.overrides import check_remote_overrides, write_overrides
 from pipelines.placement import submit
 from pipelines.results import RunSummary, StageResult
 from pipelines.runlock import pipeline_lock
@@ -160,8 +160,8 @@ def register_model(params: Params, lineage_tags: dict[str, str], pushed: str, ru
         return {"skipped": "register.enabled is false"}
     if pushed.startswith("failed"):
         return {"skipped": f"dvc push failed, so the outputs are not in the remote ({pushed})"}
-    from components.promotion import as_dict
-    from components.registry import register
+    from pipelines.promotion import as_dict
+    from pipelines.registry import register
 
     return as_dict(register(params, lineage.version_tags(lineage_tags, run), run.run_id, run.root))
 
@@ -171,8 +171,8 @@ def promote_model(params: Params, registration: dict[str, Any], run: PipelineRun
     """The promotion gate: champion moves to the new version only if it is significantly better."""
     if "skipped" in registration:
         return None
-    from components.promotion import as_dict, gate, print_decision
-    from components.registry import Registration
+    from pipelines.promotion import as_dict, gate, print_decision
+    from pipelines.registry import Registration
 
     decision = gate(params, Registration(**registration), run.root)
     print_decision(decision)

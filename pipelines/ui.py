@@ -23,8 +23,8 @@ import subprocess
 import sys
 from typing import Any
 
-from components.config import load_params
-from components.tracking import resolve_artifact_location, resolve_tracking_uri
+from components.common.tracking import resolve_artifact_location, resolve_tracking_uri
+from pipelines.params.config import load_params
 
 
 def server_command(uri: str, artifact_root: str | None, host: str, port: int) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.config import SECTIONS, ConfigError, load_params, parse_override
+from pipelines.params.config import SECTIONS, ConfigError, load_params, parse_override
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,18 +21,18 @@ def test_repo_params_load_and_match_dataclass_defaults():
     for name, cls in SECTIONS.items():
         section = getattr(params, name)
         assert isinstance(section, cls)
-        # params.yaml spells out every field of the schema (components/params.py).
+        # params.yaml spells out every field of the schema (components/common/params.py).
         assert set(raw[name]) == {f.name for f in dataclasses.fields(cls)}, name
 
 
 def test_config_command_explains_every_key_as_yaml():
-    """`python -m components.config` prints the effective params as YAML (what the slow tests and a
+    """`python -m pipelines.params.config` prints the effective params as YAML (what the slow tests and a
     user's script parse), each key preceded by its help text as a comment."""
     import subprocess
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "components.config", "-S", "grpo.beta=0.0", "-S", "sft.trainer.max_steps=7"],
+        [sys.executable, "-m", "pipelines.params.config", "-S", "grpo.beta=0.0", "-S", "sft.trainer.max_steps=7"],
         cwd=REPO, capture_output=True, text=True, check=True,
     ).stdout
     expected = load_params(None, ["grpo.beta=0.0", "sft.trainer.max_steps=7"])
@@ -113,7 +113,7 @@ def test_missing_params_file_is_an_error(tmp_path):
 
 
 def test_int_accepted_for_float_but_bool_rejected_for_int():
-    from components.params_rules import coerce as _coerce
+    from components.common.params_rules import coerce as _coerce
 
     assert _coerce("k", 1, float) == 1.0
     with pytest.raises(ConfigError):
@@ -164,7 +164,7 @@ def test_default_and_ordinary_paths_pass(tmp_path):
     ],
 )
 def test_remote_runs_may_only_override_the_allow_list(override, ok):
-    from components.config import check_remote_overrides
+    from pipelines.params.config import check_remote_overrides
 
     if ok:
         check_remote_overrides([override])

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from components.config import DataParams, load_params
 from components.data import DataError, run
+from pipelines.params.config import DataParams, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,7 +86,7 @@ def test_synthetic_is_seeded_disjoint_and_in_gsm8k_format(tmp_path):
     # The raw generator writes GSM8K's own answer format; the gold answer is the last step's result.
     import random
 
-    from components.synthetic import synthetic_problem
+    from components.problems.synthetic import synthetic_problem
 
     prob = synthetic_problem(random.Random(0))
     assert "<<" in prob["answer"] and prob["answer"].splitlines()[-1].startswith("#### ")
@@ -251,7 +251,7 @@ def test_synthetic_difficulty_params_bound_both_splits(tmp_path):
 def test_synthetic_generator_defaults_draw_the_original_stream():
     import random
 
-    from components.synthetic import synthetic_problem
+    from components.problems.synthetic import synthetic_problem
 
     a, b = random.Random(7), random.Random(7)
     assert [synthetic_problem(a) for _ in range(50)] == [synthetic_problem(b, 3, 20) for _ in range(50)]
@@ -308,7 +308,7 @@ def test_answer_only_share_withholds_solutions_of_jsonl_train_rows(tmp_path):
 
 
 def test_answer_only_settings_fail_early_naming_the_key(tmp_path):
-    from components.errors import ConfigError
+    from components.common.errors import ConfigError
 
     with pytest.raises(ConfigError, match="synthetic_answer_only_min_steps .* is above"):
         load_params(None, ["data.synthetic_answer_only_min_steps=4", "data.synthetic_answer_only_max_steps=2"])

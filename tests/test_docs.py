@@ -165,7 +165,7 @@ OVERRIDDEN = [(page, argv) for page, argv in COMMANDS if overrides(argv)]
 
 @pytest.mark.parametrize("page, argv", OVERRIDDEN, ids=ids(OVERRIDDEN))
 def test_overrides_in_commands_load(page, argv):
-    from components.config import load_params
+    from pipelines.params.config import load_params
 
     load_params(None, overrides(argv))  # raises ConfigError naming the key
 
@@ -175,8 +175,8 @@ INLINE_OVERRIDE = re.compile(r'`[^`\n]*?-S "?([a-z_]+\.[\w.]+=[^`"\s]*)"?[^`\n]*
 
 def test_inline_overrides_load():
     """`-S key=value` in the prose (inline code) names a real params key with a valid value."""
-    from components.config import load_params
-    from components.errors import ConfigError
+    from components.common.errors import ConfigError
+    from pipelines.params.config import load_params
 
     found = [(p.name, m) for p in PAGES for m in INLINE_OVERRIDE.findall(p.read_text())]
     assert len(found) >= 8

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from components import gsm8k
-from components.config import DataParams
-from components.endpoint import connect
-from components.errors import BackendError
-from components.scoring import sample_seeds
+from components.common.errors import BackendError
+from components.evaluation.endpoint import connect
+from components.evaluation.scoring import sample_seeds
+from components.problems import gsm8k
 from pipelines import cli
+from pipelines.params.config import DataParams
 from tests.servers import refused_port
 
 
@@ -186,7 +186,7 @@ def test_served_weights_come_from_safetensors_only(tmp_path):
     (a pickled *.bin beside the weights is never loaded)."""
     import sys
 
-    from components.vllm_backend import server_command
+    from components.evaluation.vllm_backend import server_command
 
     cmd = server_command(str(tmp_path), served_names=["m"], host="127.0.0.1", port=8000, dtype="float32", seed=0,
                          vllm_python=sys.executable, vllm_args={"load_format": "pt", "max_num_seqs": 4})

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from components.config import ConfigError, write_overrides
 from pipelines.dvc_ops import LineLog, StageFailed, stage_order
 from pipelines.lineage import PipelineRun
+from pipelines.params.config import ConfigError, write_overrides
 from pipelines.runlock import PipelineLocked, pipeline_lock
 from pipelines.training import run_stage, training_pipeline
 from tests.toy_repo import make_tiny_model, make_toy_repo, write_toy_params
@@ -217,7 +217,7 @@ def test_training_flow_end_to_end(toy):
 def test_nested_override_lands_nested_and_keeps_comments(tmp_path):
     """`-S sft.trainer.max_steps=10` once wrote a literal key `trainer.max_steps:` into params.yaml,
     which then failed to load (and so did every later command)."""
-    from components.config import load_params
+    from pipelines.params.config import load_params
 
     p = tmp_path / "params.yaml"
     p.write_text("sft:\n  trainer:\n    max_steps: 1500   # steps\n    seed: 0\ngrpo:\n  beta: 0.04  # kl\n")
@@ -287,8 +287,8 @@ def _killed_stage_run(toy) -> str:
     code = textwrap.dedent(
         """
         import os, signal
-        from components.config import load_params
-        from components.tracking import stage_run
+        from pipelines.params.config import load_params
+        from components.common.tracking import stage_run
         with stage_run("grpo", load_params()) as run:
             print(run.info.run_id, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -410,7 +410,7 @@ def test_summary_states_correctness_and_format_apart():
     """The demo's situation: GRPO tags every answer (strict accuracy up) while its answers are no
     more often right. The terminal summary and the MLflow description say so in words."""
     from components.evaluate import comparisons
-    from components.scoring import item_metrics as score
+    from components.evaluation.scoring import item_metrics as score
     from pipelines.results import RunSummary
     from pipelines.summary import format_run_summary, summary_markdown
 

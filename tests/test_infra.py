@@ -354,7 +354,7 @@ def test_prefect_yaml_pools_images_and_gpu_requests_agree():
 def test_stage_placement_dvc_stages_and_stage_deployments_agree():
     """One deployment per dvc.yaml stage and work pool kind, named as placement.<stage> finds it, running
     pipelines/stage.py; a GPU only for the GPU stages."""
-    from components.config import PLACEMENTS, SECTIONS
+    from pipelines.params.config import PLACEMENTS, SECTIONS
     from pipelines.stage import STAGE_FLOW
 
     placed = {f.name for f in __import__("dataclasses").fields(SECTIONS["placement"])}
@@ -592,8 +592,8 @@ def test_scale_out_overrides_and_arguments_parse():
     """The -S overrides and arguments of the GRPO, vLLM-server and evaluation commands of docs/operations.md."""
     from trl.scripts.vllm_serve import make_parser
 
-    from components.config import load_params
     from pipelines.cli import build_parser
+    from pipelines.params.config import load_params
 
     p = load_params(
         None,

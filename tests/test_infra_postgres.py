@@ -388,8 +388,8 @@ def test_pipeline_registry_and_promotion_over_http(tracking, postgres, tmp_path,
     import mlflow
     import psycopg
 
-    from components.config import load_params
     from pipelines.cli import main as grpoflow
+    from pipelines.params.config import load_params
 
     root = tmp_path / "repo"
     make_tiny_model(root / "models" / "grpo")

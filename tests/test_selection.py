@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from components import selection
-from components.config import load_params
-from components.errors import ConfigError
-from components.params import DataParams, ModelParams, SelectionParams
+from components.common.errors import ConfigError
+from components.common.params import DataParams, ModelParams, SelectionParams
+from pipelines.params.config import load_params
 
 TINY = dict(tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=128)
 
@@ -25,7 +25,7 @@ def workspace(tmp_path_factory):
     """Answer-only GRPO problems and a tiny (untrained: it solves nothing) SFT model."""
     from components import data
     from components import model as model_stage
-    from components.modelio import save_model
+    from components.models.modelio import save_model
 
     root = tmp_path_factory.mktemp("selectrepo")
     data.run(DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=40, synthetic_test_size=4,

@@ -1,4 +1,4 @@
-"""Tests for components/tracking.py: URI resolution, nesting under the flow's parent run,
+"""Tests for components/common/tracking.py: URI resolution, nesting under the flow's parent run,
 params logging and FAILED status, against a real MLflow SQLite store.
 
     pytest -q tests/test_tracking.py
@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from components.config import load_params
-from components.tracking import (
+from components.common.tracking import (
     PARENT_ENV,
     STAGE_TAG,
     flatten,
@@ -25,6 +24,7 @@ from components.tracking import (
     stage_run,
     stage_sections,
 )
+from pipelines.params.config import load_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,7 +89,7 @@ def test_stage_run_nests_under_parent_and_logs_params(repo, monkeypatch):
     import mlflow
 
     params = load_params()
-    from components.tracking import configure
+    from components.common.tracking import configure
 
     exp_id = configure(params)
     client = mlflow.MlflowClient()
@@ -115,7 +115,7 @@ def test_stage_run_nests_under_parent_and_logs_params(repo, monkeypatch):
 def test_the_experiment_opens_on_its_training_runs(repo):
     import mlflow
 
-    from components.tracking import EXPERIMENT_KIND_TAG, configure
+    from components.common.tracking import EXPERIMENT_KIND_TAG, configure
 
     params = load_params()
     client = mlflow.MlflowClient()
@@ -149,7 +149,7 @@ def test_stage_run_in_a_child_process_finds_parent(repo, monkeypatch):
     """A DVC stage runs in another process: it finds the parent through the environment only."""
     import mlflow
 
-    from components.tracking import configure
+    from components.common.tracking import configure
 
     params = load_params()
     exp_id = configure(params)
@@ -157,8 +157,8 @@ def test_stage_run_in_a_child_process_finds_parent(repo, monkeypatch):
     parent = client.create_run(exp_id, run_name="pipeline")
     monkeypatch.setenv(PARENT_ENV, parent.info.run_id)
     code = (
-        "from components.config import load_params\n"
-        "from components.tracking import stage_run\n"
+        "from pipelines.params.config import load_params\n"
+        "from components.common.tracking import stage_run\n"
         "with stage_run('grpo', load_params()) as r: print(r.info.run_id)\n"
     )
     out = subprocess.run(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from components.config import DataParams, ModelParams
+from pipelines.params.config import DataParams, ModelParams
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,7 @@ def test_evaluation_flow_evaluates_a_model_and_logs_a_run(tmp_path, monkeypatch)
 
     from components import data
     from components import model as model_stage
-    from components.modelio import save_model
+    from components.models.modelio import save_model
     from pipelines.evaluation import evaluation_pipeline
 
     data.run(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=40, synthetic_test_size=6))

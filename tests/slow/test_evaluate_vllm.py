@@ -16,9 +16,9 @@ import os
 
 import pytest
 
-from components.config import DataParams, ModelParams
-from components.generation import resolve_vllm_python, vllm_importable
+from components.evaluation.generation import resolve_vllm_python, vllm_importable
 from pipelines import cli
+from pipelines.params.config import DataParams, ModelParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -32,7 +32,7 @@ def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys, monkeypat
         pytest.skip("no vLLM here: run `make venv-vllm`")
     from components import data
     from components import model as model_stage
-    from components.modelio import save_model
+    from components.models.modelio import save_model
 
     monkeypatch.chdir(tmp_path)  # the checkout: stage paths must lie inside it
     data.run(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=60, synthetic_test_size=24))
