@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from pipelines.params.config import SECTIONS, ConfigError, load_params, parse_override
+from pipelines.params.help import HELP
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,7 +47,7 @@ def test_config_command_explains_every_key_as_yaml():
         elif m := re.match(r"^  (\w+):", line):
             explained[f"{section}.{m.group(1)}"], comment = " ".join(comment), []
     assert explained == {
-        f"{name}.{f.name}": " ".join(f.metadata["help"].split()) for name, cls in SECTIONS.items()
+        f"{name}.{f.name}": " ".join(HELP[f"{name}.{f.name}"].split()) for name, cls in SECTIONS.items()
         for f in dataclasses.fields(cls)
     }
 
@@ -67,9 +68,30 @@ def test_every_params_key_has_a_comment_and_help():
     for line in (REPO / "params.yaml").read_text().splitlines():
         if re.match(r"^\s+\w+:\s*\S", line):
             assert "#" in line, f"params.yaml line without a comment: {line!r}"
+    keys = {f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    assert sorted(k for k in keys if not HELP.get(k, "").strip()) == [], "fields without help in pipelines/params/help.py"
+    assert sorted(set(HELP) - keys) == [], "help for keys the schema does not have"
+    assert list(HELP) == [k for name, cls in SECTIONS.items() for k in (f"{name}.{f.name}" for f in dataclasses.fields(cls))]
+
+
+def test_help_text_is_no_field_metadata():
+    """Help lives in pipelines/params/help.py only, so editing a sentence changes no stage's code dep."""
     for cls in SECTIONS.values():
-        for f in dataclasses.fields(cls):
-            assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
+        assert [f.name for f in dataclasses.fields(cls) if "help" in f.metadata] == []
+
+
+def test_every_remote_override_pattern_names_a_key():
+    """REMOTE_OVERRIDES follows the schema: a pattern that matches no key (a renamed field) is an error."""
+    import fnmatch
+
+    from pipelines.params.overrides import REMOTE_OVERRIDES
+
+    keys = [f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+    mappings = {f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+                if f.default_factory is not dataclasses.MISSING and isinstance(f.default_factory(), dict)}
+    unknown = [p for p in REMOTE_OVERRIDES if not any(fnmatch.fnmatchcase(k, p) for k in keys)
+               and not any(p.startswith(m + ".") for m in mappings)]
+    assert unknown == []
 
 
 @pytest.mark.parametrize(

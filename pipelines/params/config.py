@@ -1,14 +1,15 @@
 """`python -m pipelines.params.config`: the effective params (params.yaml with `-S` overrides applied),
-each key preceded by its help text as a comment, the same text params.yaml's comments abbreviate.
-The output is YAML.
+each key preceded by its help text (pipelines/params/help.py) as a comment, the same text params.yaml's
+comments abbreviate. The output is YAML.
 
     python -m pipelines.params.config                       # every key, its value and what it does
     python -m pipelines.params.config -S grpo.beta=0.0      # after an override (params.yaml unchanged)
 
 It is also the one import for code outside the stages (the flow, the CLI, tests, benchmarks) that
-needs the params API: the schema (components/common/params.py), loading (components/common/params_load.py) and the
-flow-only writer and remote allow-list (pipelines/params/overrides.py). Stages import the modules they
-need directly, so that this module and the writer are no stage's dvc.yaml dep.
+needs the params API: the schema (components/common/params.py), loading
+(components/common/params_load.py) and the flow-only writer and remote allow-list
+(pipelines/params/overrides.py). Stages import the modules they need directly, so that neither this
+module, the help text nor the writer is a stage's dvc.yaml dep.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from components.common.params import (
     TrackingParams,
 )
 from components.common.params_load import apply_override, load_params, params_in, parse_override
+from pipelines.params.help import HELP
 from pipelines.params.overrides import REMOTE_OVERRIDES, check_remote_overrides, write_overrides
 
 __all__ = [
@@ -60,7 +62,7 @@ def describe(params: Params, width: int = 100) -> str:
         lines.append(f"{name}:")
         section = getattr(params, name)
         for f in dataclasses.fields(cls):
-            help = textwrap.wrap(f.metadata.get("help", ""), width - 4, break_on_hyphens=False, break_long_words=False)
+            help = textwrap.wrap(HELP[f"{name}.{f.name}"], width - 4, break_on_hyphens=False, break_long_words=False)
             lines += [f"  # {line}" for line in help]
             value = yaml.safe_dump({f.name: getattr(section, f.name)}, sort_keys=False, width=width)
             lines += [f"  {line}" for line in value.splitlines()]
