@@ -44,7 +44,7 @@ REPRODUCE_DESCRIPTION = (
 
 
 def _add_params(p: argparse.ArgumentParser) -> None:
-    # Same options as pipelines.params.config.add_params_args, repeated here so that
+    # Same options as components.common.entry.add_params_args (tests/test_cli.py compares them), repeated here so that
     # `grpoflow --help` does not import yaml-loading code.
     p.add_argument("--params", default=None, metavar="FILE", help="params file (default: params.yaml)")
     p.add_argument(

@@ -29,7 +29,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from components.common.errors import RegistryError
 from components.common.params import Params
@@ -54,11 +54,16 @@ DECIDED_BY_TAG = "promotion.decided_by_run"
 DECIDED_AT_TAG = "promotion.decided_at"
 
 
+# What a decision can be: the gate's two outcomes, `grpoflow promote` and `grpoflow rollback`. A run
+# that registers nothing new reports the version's recorded decision (its `promotion.decision` tag).
+DecisionKind = Literal["promoted", "rejected", "forced", "rollback"]
+
+
 @dataclass
 class Decision:
     name: str
     version: str
-    decision: str  # promoted | rejected | forced | unchanged
+    decision: DecisionKind
     reason: str
     champion_before: str | None = None
     numbers: dict[str, Any] = field(default_factory=dict)

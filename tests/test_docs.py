@@ -235,3 +235,18 @@ def test_links_resolve_and_every_page_is_linked_from_the_readme():
 
 def test_readme_fits_one_screen():
     assert len(README.read_text().splitlines()) < README_MAX_LINES
+
+
+def test_the_rerun_claim_of_grpo_keys_follows_dvc_yaml():
+    """docs/pipeline.md names the grpo keys that also re-run selection and evaluate (it once said a
+    grpo change re-ran grpo and evaluate only)."""
+    import yaml
+
+    text = " ".join((REPO / "docs" / "pipeline.md").read_text().split())
+    claim = text[text.index("Changing a `grpo.*` param"):]
+    claim = claim[:claim.index("A run with nothing changed")]
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    grpo_keys = {s: {p for p in e.get("params", []) if isinstance(p, str) and p.startswith("grpo.")} for s, e in stages.items()}
+    assert set(re.findall(r"`(grpo\.[\w.]+)`", claim)) == grpo_keys["selection"] | grpo_keys["evaluate"]
+    assert grpo_keys["evaluate"] == {"grpo.temperature"} and "`evaluate` also reads `grpo.temperature`" in claim
+    assert [s for s, e in stages.items() if "grpo" in e.get("params", [])] == ["grpo"]

@@ -325,6 +325,12 @@ def test_prefect_yaml_pools_images_and_gpu_requests_agree():
     )
     assert {s for s, r in resources.items() if r == "gpu"} == GPU_STAGES
     assert set(resources.values()) == {"cpu", "gpu"}
+    # the header's sentence names the same stages (it once left selection out)
+    header = " ".join(line.lstrip("# ") for line in (INFRA / "prefect.yaml").read_text().splitlines() if line.startswith("#"))
+    named = re.search(r"Resources: the ([\w, ]+) stages need a GPU, ([\w, ]+) a CPU", header)
+    assert named, "infra/prefect.yaml's header no longer says which stages need a GPU"
+    assert set(re.findall(r"\w+", named.group(1))) - {"and"} == GPU_STAGES
+    assert set(re.findall(r"\w+", named.group(2))) - {"and"} == set(dvc_stages()) - GPU_STAGES
     pools = {p["name"] for p in defs["work_pools"].values()}
     assert pools == {"grpoflow-process", "grpoflow-docker", "grpoflow-kubernetes"}
     templates = pool_templates()

@@ -327,3 +327,19 @@ def test_gate_on_flexible_names_items_without_the_column(repo):
     write_eval(repo, [i < 80 for i in range(100)])
     with pytest.raises(InputError, match=r"grpo.items.jsonl: item q0 has no boolean 'correct_flexible'"):
         gate(params, register(params, lineage("b" * 32), new_run(params), repo), repo)
+
+
+def test_the_decision_kinds_are_the_ones_produced():
+    """Decision.decision's type lists what the code produces, no more, no less (it once listed an
+    "unchanged" never produced and left out "rollback")."""
+    import ast
+    import typing
+
+    from pipelines import promotion
+
+    tree = ast.parse(Path(promotion.__file__).read_text())
+    produced = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Decision" and len(node.args) >= 3:
+            produced |= {n.value for n in ast.walk(node.args[2]) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert produced == set(typing.get_args(promotion.DecisionKind))
