@@ -44,7 +44,7 @@ from pipelines.params.config import DataParams, ModelParams  # noqa: E402
 
 
 def build_model(root: Path, n: int) -> tuple[Path, list[str], int]:
-    data.run(
+    data.write_splits(
         DataParams(output_dir=str(root / "data"), synthetic_train_size=400, synthetic_test_size=max(n, 1))
     )
     cfg = ModelParams(seed=0, tiny_hidden_size=512, tiny_num_layers=6, tiny_num_heads=8,

@@ -36,7 +36,7 @@ from typing import Any
 from components.common.entry import stage_main
 from components.common.errors import ConfigError, DataError
 from components.common.files import jsonl_bytes, replace_dir
-from components.common.params import DataParams
+from components.common.params import DataParams, Params
 from components.problems.sources import (
     MAX_REPORTED,
     Record,
@@ -122,7 +122,7 @@ def split_answer_only(train: list[dict[str, str]], cfg: DataParams, exclude: set
     return demos, problems or [answer_only(r) for r in demos]
 
 
-def run(cfg: DataParams) -> dict[str, Any]:
+def write_splits(cfg: DataParams) -> dict[str, Any]:
     """Load, validate and write both splits; returns the stats written to stats.json."""
     test = load_split(cfg.test_source, "test", cfg)
     exclude = {normalize_question(r["question"]) for r in test.rows} if cfg.train_source == "synthetic" else set()
@@ -176,14 +176,14 @@ def run(cfg: DataParams) -> dict[str, Any]:
     return stats
 
 
-def run_tracked(params) -> dict[str, Any]:
+def run(params: Params) -> dict[str, Any]:
     """The stage inside its MLflow run: counts as metrics, stats.json as an artifact."""
     import mlflow
 
     from components.common.tracking import stage_run
 
     with stage_run(STAGE, params):
-        stats = run(params.data)
+        stats = write_splits(params.data)
         mlflow.log_metrics(
             {
                 "train_rows": stats["counts"]["train"],
@@ -204,7 +204,7 @@ def run_tracked(params) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return stage_main(STAGE, __doc__, run_tracked, argv)
+    return stage_main(STAGE, __doc__, run, argv)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ def comparisons(results: Results, primary: str) -> dict[str, Any]:
     }
 
 
-def run(params: Params) -> dict[str, Any]:
+def score_models(params: Params) -> dict[str, Any]:
     """Evaluate the stage's models, write the reports, return {results, comparison, paths}."""
     cfg = params.evaluate
     data = data_source(params)
@@ -107,21 +107,21 @@ def summary(results: Results, comparison: dict[str, Any] | None) -> dict[str, An
     return out
 
 
-def run_tracked(params: Params) -> dict[str, Any]:
+def run(params: Params) -> dict[str, Any]:
     """The stage inside its MLflow run; prints the summary as JSON."""
     from components.common.tracking import stage_run
 
     data = data_source(params)
     local = {Path(data[6:]).stem: (data[6:], "evaluation")} if data.startswith("jsonl:") else None
     with stage_run(STAGE, params, datasets=local):
-        out = run(params)
+        out = score_models(params)
         log_to_mlflow(out["results"], out["comparison"], out["paths"], params.evaluate.log_items_table)
     print(json.dumps(summary(out["results"], out["comparison"]), indent=2))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    return stage_main(STAGE, __doc__, run_tracked, argv)
+    return stage_main(STAGE, __doc__, run, argv)
 
 
 if __name__ == "__main__":

@@ -138,7 +138,7 @@ def build_tiny(cfg: ModelParams, train_path: str | os.PathLike):
 # --------------------------------------------------------------------------- the stage
 
 
-def run(cfg: ModelParams, train_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Path:
+def build_base(cfg: ModelParams, train_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Path:
     """Write the base model folder: the tiny model built here, a GGUF file's model, or a copy of a
     hub/local model."""
     out_dir = Path(out_dir or cfg.base_dir)
@@ -165,14 +165,14 @@ def run(cfg: ModelParams, train_path: str | os.PathLike, out_dir: str | os.PathL
     return out_dir
 
 
-def run_tracked(params: Params) -> Path:
+def run(params: Params) -> Path:
     """The stage inside its MLflow run."""
     import mlflow
 
     from components.common.tracking import stage_run
 
     with stage_run(STAGE, params):
-        out = run(params.model, Path(params.data.output_dir) / "train.jsonl")
+        out = build_base(params.model, Path(params.data.output_dir) / "train.jsonl")
         source = json.loads((out / "grpoflow_source.json").read_text())
         mlflow.log_metric("parameters", source["parameters"])
         mlflow.set_tags({f"grpoflow.base.{k}": str(v) for k, v in source.items()})
@@ -180,7 +180,7 @@ def run_tracked(params: Params) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return stage_main(STAGE, __doc__, run_tracked, argv)
+    return stage_main(STAGE, __doc__, run, argv)
 
 
 if __name__ == "__main__":

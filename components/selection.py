@@ -131,7 +131,7 @@ def too_few(counts: dict[str, Any], needed: int, per_step: int) -> str:
     )
 
 
-def run(params: Params) -> dict[str, Any]:
+def choose_prompts(params: Params) -> dict[str, Any]:
     """Score the candidates, keep the band, write the outputs; returns the metrics."""
     from components.common.files import csv_bytes, json_bytes, jsonl_bytes, write_bytes
     from components.models.modelio import require_model_dir
@@ -179,14 +179,14 @@ def histogram_figure(hist: list[dict[str, Any]], k: int):
     return fig
 
 
-def run_tracked(params: Params) -> dict[str, Any]:
+def run(params: Params) -> dict[str, Any]:
     """The stage inside its MLflow run: counts as metrics, the histogram as a figure."""
     import mlflow
 
     from components.common.tracking import stage_run
 
     with stage_run(STAGE, params):
-        out = run(params)
+        out = choose_prompts(params)
         m = out["metrics"]
         mlflow.log_metrics({k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
         mlflow.log_artifact(params.selection.histogram_file, artifact_path=STAGE)
@@ -201,7 +201,7 @@ def run_tracked(params: Params) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return stage_main(STAGE, __doc__, run_tracked, argv)
+    return stage_main(STAGE, __doc__, run, argv)
 
 
 if __name__ == "__main__":

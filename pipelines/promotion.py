@@ -27,9 +27,8 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from components.common.errors import RegistryError
 from components.common.params import Params
@@ -43,34 +42,15 @@ from pipelines.registry import (
     ITEMS_TAG,
     PREVIOUS_TAG,
     REASON_TAG,
-    Registration,
     alias_version,
     client_for,
     items_path,
 )
+from pipelines.results import Decision, Registration
 
 # Who decided and when (version tags, written with the decision): what a later no-op run reports.
 DECIDED_BY_TAG = "promotion.decided_by_run"
 DECIDED_AT_TAG = "promotion.decided_at"
-
-
-# What a decision can be: the gate's two outcomes, `grpoflow promote` and `grpoflow rollback`. A run
-# that registers nothing new reports the version's recorded decision (its `promotion.decision` tag).
-DecisionKind = Literal["promoted", "rejected", "forced", "rollback"]
-
-
-@dataclass
-class Decision:
-    name: str
-    version: str
-    decision: DecisionKind
-    reason: str
-    champion_before: str | None = None
-    numbers: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def promoted(self) -> bool:
-        return self.decision in ("promoted", "forced")
 
 
 def _download_items(uri: str) -> dict[str, dict[str, Any]]:
@@ -321,7 +301,3 @@ def rollback(params: Params, name: str) -> Decision:
 
 def print_decision(d: Decision, file=None) -> None:
     print(f"promotion: {d.name} v{d.version}: {d.decision} — {d.reason}", file=file or sys.stdout)
-
-
-def as_dict(obj: Any) -> dict[str, Any]:
-    return asdict(obj) | ({"promoted": obj.promoted} if isinstance(obj, Decision) else {})

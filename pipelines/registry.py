@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,6 +22,7 @@ from components.common.errors import RegistryError
 from components.common.params import Params
 from components.common.tracking import configure, package_versions, repo_root
 from components.evaluation.reports import read_comparison, read_items, read_metrics
+from pipelines.results import Registration
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -42,14 +42,6 @@ EVAL_ARTIFACTS = "eval"
 # (Left to itself MLflow infers torchvision too, which the CPU stack does not have.)
 REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "accelerate")
 TABLE_KEYS = ("accuracy_strict", "accuracy_flexible", "format_rate", "mean_completion_tokens", "n")
-
-
-@dataclass
-class Registration:
-    name: str
-    version: str
-    created: bool
-    run_id: str | None = None
 
 
 # --------------------------------------------------------------------------- helpers

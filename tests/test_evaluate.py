@@ -36,7 +36,7 @@ def workspace(tmp_path_factory):
     from components.models.modelio import save_model
 
     root = tmp_path_factory.mktemp("evalrepo")
-    data.run(
+    data.write_splits(
         DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=60, synthetic_test_size=12)
     )
     for name, seed in (("base", 0), ("sft", 1), ("grpo", 2)):

@@ -295,3 +295,16 @@ def test_no_module_shadows_the_standard_library():
     for folder in ("components", "pipelines", "benchmarks"):
         clash = sorted(p.stem for p in (REPO / folder).rglob("*.py") if p.stem in sys.stdlib_module_names)
         assert clash == [], f"{folder}/: {clash} shadow standard-library modules"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_stage_enters_the_same_way(stage):
+    """One stage contract: `run(params)` (the whole stage, in its MLflow run) and
+    `main = stage_main(STAGE, __doc__, run, argv)`; no second entry such as `run_tracked`."""
+    tree = ast.parse(MODULES[f"components.{stage}"].read_text())
+    functions = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    assert "run_tracked" not in functions
+    run = functions["run"]
+    assert [a.arg for a in run.args.args] == ["params"] and ast.unparse(run.args.args[0].annotation) == "Params"
+    main = ast.unparse(functions["main"])
+    assert "return stage_main(STAGE, __doc__, run, argv)" in main

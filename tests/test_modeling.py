@@ -69,9 +69,9 @@ def test_tokenizer_splits_digits_and_has_chat_template(tiny):
 
 def test_tiny_model_is_identical_for_the_same_seed(train_file, tmp_path):
     cfg = ModelParams(**SMALL)
-    a = model_stage.run(cfg, train_file, tmp_path / "a")
-    b = model_stage.run(cfg, train_file, tmp_path / "b")
-    c = model_stage.run(ModelParams(**{**SMALL, "seed": 1}), train_file, tmp_path / "c")
+    a = model_stage.build_base(cfg, train_file, tmp_path / "a")
+    b = model_stage.build_base(cfg, train_file, tmp_path / "b")
+    c = model_stage.build_base(ModelParams(**{**SMALL, "seed": 1}), train_file, tmp_path / "c")
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()

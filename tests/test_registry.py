@@ -253,7 +253,7 @@ def test_gate_reevaluates_a_champion_evaluated_on_other_items(repo, monkeypatch)
     small = ["evaluate.backend=transformers", "evaluate.max_new_tokens=8", "register.min_items=5"]
 
     def evaluate_and_register(seed: int, md5: str):
-        data.run(DataParams(synthetic_train_size=20, synthetic_test_size=12, seed=seed))
+        data.write_splits(DataParams(synthetic_train_size=20, synthetic_test_size=12, seed=seed))
         params = load_params(None, [*small, f"data.seed={seed}"])
         problems = load_problems(data_source(params))
         result = evaluate_model(resolve_model("models/grpo"), problems, params, protocol="grpoflow",
@@ -336,10 +336,11 @@ def test_the_decision_kinds_are_the_ones_produced():
     import typing
 
     from pipelines import promotion
+    from pipelines.results import DecisionKind
 
     tree = ast.parse(Path(promotion.__file__).read_text())
     produced = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Decision" and len(node.args) >= 3:
             produced |= {n.value for n in ast.walk(node.args[2]) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-    assert produced == set(typing.get_args(promotion.DecisionKind))
+    assert produced == set(typing.get_args(DecisionKind))

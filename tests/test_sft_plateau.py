@@ -25,7 +25,7 @@ def workspace(tmp_path, monkeypatch):
     from components import model as model_stage
     from components.models.modelio import save_model
 
-    data.run(DataParams(output_dir=str(tmp_path / "data/processed"), synthetic_train_size=40, synthetic_test_size=4))
+    data.write_splits(DataParams(output_dir=str(tmp_path / "data/processed"), synthetic_train_size=40, synthetic_test_size=4))
     model, tok = model_stage.build_tiny(ModelParams(seed=0, **TINY), tmp_path / "data/processed/train.jsonl")
     save_model(model, tok, tmp_path / "models/base")
     monkeypatch.chdir(tmp_path)

@@ -171,11 +171,11 @@ def test_stage_run_in_a_child_process_finds_parent(repo, monkeypatch):
 def test_summary_links_to_the_tracking_servers_own_ui():
     import dataclasses
 
-    from pipelines.results import RunSummary
+    from pipelines.results import NotRegistered, RunSummary
     from pipelines.summary import format_run_summary
 
     summary = RunSummary(name="", run_id="r1", experiment_id="3", tracking_uri="", pull="skipped", push="skipped",
-                         stages=[], metrics={}, comparison={}, registration=None, decision=None, reports={})
+                         stages=[], metrics={}, comparison={}, registration=NotRegistered("register.enabled is false"), decision=None, reports={})
     remote = format_run_summary(dataclasses.replace(summary, tracking_uri="https://mlflow.example.org:5000/"))
     assert "ui: https://mlflow.example.org:5000/#/experiments/3/runs/r1" in remote and "grpoflow ui" not in remote
     local = format_run_summary(dataclasses.replace(summary, tracking_uri="sqlite:////tmp/mlflow.db"))

@@ -35,7 +35,7 @@ def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys, monkeypat
     from components.models.modelio import save_model
 
     monkeypatch.chdir(tmp_path)  # the checkout: stage paths must lie inside it
-    data.run(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=60, synthetic_test_size=24))
+    data.write_splits(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=60, synthetic_test_size=24))
     # head_dim 32: vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, ...
     cfg = ModelParams(
         seed=3, tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=2, tiny_intermediate_size=128

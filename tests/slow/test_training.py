@@ -95,7 +95,7 @@ def stage(workdir: Path, module: str, *overrides: str, check: bool = True) -> su
 
 def make_workdir(path: Path) -> Path:
     """A folder with params.yaml (tiny settings), data/processed and models/base."""
-    from components.data import run as prepare
+    from components.data import write_splits as prepare
     from pipelines.params.config import DataParams
 
     (path / "params.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
@@ -105,7 +105,7 @@ def make_workdir(path: Path) -> Path:
     try:
         prepare(DataParams(synthetic_train_size=48, synthetic_test_size=8, seed=3))
         params = load_params("params.yaml")
-        model_stage.run(params.model, Path("data/processed/train.jsonl"))
+        model_stage.build_base(params.model, Path("data/processed/train.jsonl"))
     finally:
         os.chdir(cwd)
     return path
