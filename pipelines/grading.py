@@ -110,7 +110,7 @@ def read_rows(path: Path) -> list[tuple[dict[str, Any], str, str]]:
     return rows
 
 
-def run(
+def grade_file(
     input_path: str | os.PathLike, output_path: str | os.PathLike, mode: str = "flexible"
 ) -> dict[str, Any]:
     """Grade every row of `input_path` into `output_path`; returns the summary."""
@@ -152,5 +152,5 @@ def format_grades(s: dict[str, Any]) -> str:
 
 def cli_grade(args: argparse.Namespace) -> int:
     """Handler of `grpoflow grade` (args: input, output, mode)."""
-    print(format_grades(run(args.input, args.output, args.mode)))
+    print(format_grades(grade_file(args.input, args.output, args.mode)))
     return 0

@@ -38,7 +38,7 @@ from typing import Any
 
 from components.common.errors import BackendError, ConfigError, EvaluationError
 from components.common.params import Params
-from components.evaluation.vllm_backend import server_command, worker_env
+from components.evaluation.vllm_backend import vllm_server_command, worker_env
 from components.models.modelio import registered_version, resolve_model
 from components.problems.gsm8k import build_messages
 from pipelines.params.config import load_params
@@ -172,7 +172,7 @@ def serve(params: Params, spec: str, host: str, port: int, api_key: str | None =
         source = f"models:/{registered[0]}/{registered[1]}" if registered else spec  # pin the alias's version
         model = resolve_model(source, download_dir=tmp, params=params)
         name = served_name(spec, registered)
-        cmd = server_command(
+        cmd = vllm_server_command(
             model.model_dir, tokenizer_dir=model.tokenizer_dir, served_names=[name], host=host, port=port,
             dtype=cfg.dtype, seed=cfg.seed, vllm_python=cfg.vllm_python, vllm_args=dict(cfg.vllm_args),
         )

@@ -186,9 +186,9 @@ def test_served_weights_come_from_safetensors_only(tmp_path):
     (a pickled *.bin beside the weights is never loaded)."""
     import sys
 
-    from components.evaluation.vllm_backend import server_command
+    from components.evaluation.vllm_backend import vllm_server_command
 
-    cmd = server_command(str(tmp_path), served_names=["m"], host="127.0.0.1", port=8000, dtype="float32", seed=0,
+    cmd = vllm_server_command(str(tmp_path), served_names=["m"], host="127.0.0.1", port=8000, dtype="float32", seed=0,
                          vllm_python=sys.executable, vllm_args={"load_format": "pt", "max_num_seqs": 4})
     assert cmd[cmd.index("--load-format") + 1] == "safetensors" and cmd.count("--load-format") == 1
     assert cmd[cmd.index("--max-num-seqs") + 1] == "4"

@@ -118,7 +118,7 @@ def test_compare_pairs_items_by_id():
 
 def test_lm_eval_prompt_is_the_harness_text_and_sampler():
     docs = [{"question": f"Q{i}?", "answer": f"step {i} <<{i}*1={i}>>{i}\n#### {i}"} for i in range(30)]
-    prompts = lm_eval_gsm8k.build_prompts(["What is 2+2?", "What is 3+3?"], docs, num_fewshot=5, seed=1234)
+    prompts = lm_eval_gsm8k.build_fewshot_prompts(["What is 2+2?", "What is 3+3?"], docs, num_fewshot=5, seed=1234)
     rnd = random.Random(1234)  # the harness: one generator, 5 draws per test problem, in order
     for prompt, question in zip(prompts, ["What is 2+2?", "What is 3+3?"], strict=True):
         shots = rnd.sample(docs, 5)
@@ -126,7 +126,7 @@ def test_lm_eval_prompt_is_the_harness_text_and_sampler():
         assert prompt == expected + f"Question: {question}\nAnswer:"
     assert prompts[0] != prompts[1]
     with pytest.raises(ValueError, match="5-shot"):
-        lm_eval_gsm8k.build_prompts(["q"], docs[:3], num_fewshot=5)
+        lm_eval_gsm8k.build_fewshot_prompts(["q"], docs[:3], num_fewshot=5)
 
 
 @pytest.mark.parametrize(

@@ -308,3 +308,19 @@ def test_every_stage_enters_the_same_way(stage):
     assert [a.arg for a in run.args.args] == ["params"] and ast.unparse(run.args.args[0].annotation) == "Params"
     main = ast.unparse(functions["main"])
     assert "return stage_main(STAGE, __doc__, run, argv)" in main
+
+
+# The per-stage contract: every stage module (and every command module's main) repeats these names
+# for one job each.
+SHARED_NAMES = {"run", "main", "trainer_settings", "fingerprint_settings"}
+
+
+def test_one_name_one_job():
+    """No two public functions or classes in components/ and pipelines/ share a name (it once had
+    three `generate`, three `server_command` and two `build_prompts`, each a different job)."""
+    seen: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                seen.setdefault(node.name, []).append(module)
+    assert {n: ms for n, ms in seen.items() if len(ms) > 1 and n not in SHARED_NAMES} == {}

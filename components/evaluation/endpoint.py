@@ -147,7 +147,7 @@ def connect(base_url: str, model: str = "", timeout: float = 300.0, retries: int
     return Endpoint(base_url, chosen, timeout=timeout, retries=retries)
 
 
-def generate(
+def generate_on_endpoint(
     endpoint: Endpoint,
     requests: list[dict[str, Any]],
     settings: Any,

@@ -61,7 +61,7 @@ def fewshot_context(examples: Sequence[dict[str, str]]) -> str:
     )
 
 
-def build_prompts(
+def build_fewshot_prompts(
     questions: Sequence[str],
     fewshot_docs: Sequence[dict[str, str]],
     num_fewshot: int = NUM_FEWSHOT,
@@ -73,7 +73,7 @@ def build_prompts(
     GSM8K's full answer text.
 
     >>> docs = [{"question": f"q{i}", "answer": f"#### {i}"} for i in range(10)]
-    >>> p = build_prompts(["x", "y"], docs, num_fewshot=2, seed=1234)
+    >>> p = build_fewshot_prompts(["x", "y"], docs, num_fewshot=2, seed=1234)
     >>> [line for line in p[0].splitlines() if line.startswith("Question")]
     ['Question: q7', 'Question: q1', 'Question: x']
     """

@@ -84,7 +84,7 @@ def build_prompts(
                 {"question": r["question"], "answer": r["answer"]} for r in load_problems(src, split=split)
             ]
         try:
-            prompts = lm_eval_gsm8k.build_prompts(
+            prompts = lm_eval_gsm8k.build_fewshot_prompts(
                 [p["question"] for p in problems], shots, cfg.num_fewshot, cfg.fewshot_seed
             )
         except ValueError as exc:
@@ -300,7 +300,7 @@ def _generate(
         else:
             prompts, settings.stop = build_prompts(problems, protocol, None, params, data)
             requests = [{"prompt": prompt} for prompt in prompts]
-        return endpoint.generate(server, requests, settings, seeds, cfg.endpoint_concurrency), settings
+        return endpoint.generate_on_endpoint(server, requests, settings, seeds, cfg.endpoint_concurrency), settings
     try:
         tokenizer = load_tokenizer(model.tokenizer_dir)
     except (OSError, ValueError) as exc:

@@ -4,7 +4,7 @@
 
     vllm_importable() / resolve_vllm_python(path)   which route exists here
     vllm_request(...) / vllm_generate(request)      a generation run (components/evaluation/generation.py)
-    server_command(...)                             the command line of vLLM's OpenAI-compatible
+    vllm_server_command(...)                        the command line of vLLM's OpenAI-compatible
                                                     server for `grpoflow serve`, same engine settings
 """
 
@@ -107,7 +107,7 @@ def vllm_generate(request: dict[str, Any], vllm_python: str = "") -> dict[str, A
     if vllm_importable():
         from components.evaluation import vllm_worker
 
-        return vllm_worker.generate({**request, "progress": True})
+        return vllm_worker.run_request({**request, "progress": True})
     python = resolve_vllm_python(vllm_python)
     if python is None:
         raise BackendError(
@@ -135,7 +135,7 @@ def vllm_generate(request: dict[str, Any], vllm_python: str = "") -> dict[str, A
         return json.loads(res.read_text())
 
 
-def server_command(
+def vllm_server_command(
     model_dir: str,
     *,
     served_names: list[str],

@@ -61,7 +61,7 @@ def _on_cpu() -> bool:
         return not torch.cuda.is_available()
 
 
-def generate(request: dict[str, Any]) -> dict[str, Any]:
+def run_request(request: dict[str, Any]) -> dict[str, Any]:
     """Run one request through `vllm.LLM` (greedy, then sampled) and return the output token ids and timings."""
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # telemetry off, as everywhere in grpoflow
     os.environ.setdefault("DO_NOT_TRACK", "true")
@@ -139,7 +139,7 @@ def server_args(args: list[str]) -> list[str]:
     return [*args, *extra]
 
 
-def serve(args: list[str]) -> int:
+def run_server(args: list[str]) -> int:
     """vLLM's OpenAI-compatible server (`vllm serve`'s arguments), with the CPU defaults above."""
     import importlib.util
     import runpy
@@ -159,13 +159,13 @@ def serve(args: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["serve"]:
-        return serve(args[1:])
+        return run_server(args[1:])
     if len(args) != 2:
         print("usage: python components/evaluation/vllm_worker.py REQUEST.json RESULT.json | serve ARGS...", file=sys.stderr)
         return 2
     with open(args[0], encoding="utf-8") as fh:
         request = json.load(fh)
-    result = generate(request)
+    result = run_request(request)
     tmp = args[1] + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(result, fh)
