@@ -193,3 +193,21 @@ def test_remote_runs_may_only_override_the_allow_list(override, ok):
     else:
         with pytest.raises(ConfigError, match="remote run"):
             check_remote_overrides([override])
+
+
+def test_params_yaml_is_parsed_once_per_content(tmp_path, monkeypatch):
+    """A process that loads the same params file again (the CLI, the run lock, the flow) parses it once;
+    a rewritten file is parsed again, and no caller shares another's objects."""
+    from components.common import params_load
+
+    parsed = []
+    real = params_load.yaml.safe_load
+    monkeypatch.setattr(params_load.yaml, "safe_load", lambda text: parsed.append(text) or real(text))
+    p = tmp_path / "params.yaml"
+    p.write_text("data:\n  seed: 1\n  output_dir: d\n")
+    a, b = load_params(p), load_params(p)
+    assert a.data.seed == b.data.seed == 1 and len(parsed) == 1
+    a.data.seed = 5
+    assert load_params(p).data.seed == 1
+    p.write_text("data:\n  seed: 2\n  output_dir: d\n")
+    assert load_params(p).data.seed == 2 and len(parsed) == 2

@@ -9,6 +9,7 @@ A key the file leaves out takes its field's default.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import typing
@@ -87,13 +88,27 @@ def params_in(root: str | os.PathLike) -> Path | None:
     return path if path.is_file() else None
 
 
+# Parsed params files, by path and content: a process (the flow, the CLI) that loads params.yaml
+# several times parses it once per content (a rewritten file is parsed again).
+_PARSED: dict[tuple[str, str], Any] = {}
+
+
+def _parse(p: Path) -> Any:
+    text = p.read_text()
+    key = (str(p.resolve()), text)
+    if key not in _PARSED:
+        _PARSED.clear()  # one entry: the file as it is now
+        _PARSED[key] = yaml.safe_load(text)
+    return copy.deepcopy(_PARSED[key])
+
+
 def load_raw(path: str | os.PathLike | None = None, overrides: typing.Iterable[str] = ()) -> dict[str, Any]:
     """params.yaml as a dict with overrides applied (not yet validated)."""
     p = params_path(path)
     raw: dict[str, Any] = {}
     if p.exists():
         try:
-            raw = yaml.safe_load(p.read_text()) or {}
+            raw = _parse(p) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{p}: not valid YAML ({exc})") from None
         if not isinstance(raw, dict):
