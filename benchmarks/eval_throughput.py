@@ -6,8 +6,8 @@ with the training prompt. Every backend generates exactly `--new-tokens` tokens 
 (EOS ignored), greedy, in the same dtype, so all do the same work:
 
 - naive: one `model.generate` call per prompt (batch size 1);
-- transformers: components/generation.py's batched backend (left padding, KV cache);
-- vllm: components/generation.py's vLLM backend (in-process, or `.venv-vllm` in a subprocess).
+- transformers: components/evaluation/generation.py's batched backend (left padding, KV cache);
+- vllm: components/evaluation/generation.py's vLLM backend (in-process, or `.venv-vllm` in a subprocess).
 
 Prints one JSON object: n, naive_cps, transformers_cps, vllm_cps (completions per second,
 model load excluded), the ratios batched_vs_naive and vllm_vs_transformers, and the
@@ -32,19 +32,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components import data, gsm8k  # noqa: E402
 from components import model as model_stage  # noqa: E402
-from components.config import DataParams, ModelParams  # noqa: E402
-from components.generation import (  # noqa: E402
+from components.evaluation.generation import (  # noqa: E402
     GenerationSettings,
     choose_backend,
     encode_prompts,
     generate,
     transformers_generate,
 )
-from components.modelio import load_model, load_tokenizer, save_model  # noqa: E402
+from components.models.modelio import load_model, load_tokenizer, save_model  # noqa: E402
+from pipelines.params.config import DataParams, ModelParams  # noqa: E402
 
 
 def build_model(root: Path, n: int) -> tuple[Path, list[str], int]:
-    data.run(
+    data.write_splits(
         DataParams(output_dir=str(root / "data"), synthetic_train_size=400, synthetic_test_size=max(n, 1))
     )
     cfg = ModelParams(seed=0, tiny_hidden_size=512, tiny_num_layers=6, tiny_num_heads=8,

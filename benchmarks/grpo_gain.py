@@ -21,7 +21,7 @@ prompt) and compares them on the same items (exact McNemar test). Prints one JSO
                                                            --sample-items test items (default 250)
   sft_sampled_accuracy, grpo_sampled_accuracy              mean flexible correctness of those samples
   sft_pass_at_k, grpo_pass_at_k                            unbiased pass@k (flexible) of those samples
-                                                           (components/scoring.py, as `evaluate` does)
+                                                           (components/evaluation/scoring.py, as `evaluate` does)
   frac_reward_zero_std                                     mean over GRPO's logs of the share of groups
                                                            whose rewards are all equal (no signal)
   sft_continued_accuracy_flexible (+ sft_continued_accuracy, the control: models/sft trained further
@@ -30,7 +30,7 @@ prompt) and compares them on the same items (exact McNemar test). Prints one JSO
                                                            speed, greedy; paired GRPO - continued
                                                            (--no-control: off)
 
-Per band (`evaluate.target_band`, components/bands.py), greedy flexible accuracy on the same items:
+Per band (`evaluate.target_band`, components/problems/bands.py), greedy flexible accuracy on the same items:
   target      the target band's problems (every problem without a target band): n,
               sft_accuracy_flexible, grpo_accuracy_flexible, control_accuracy_flexible, delta, ci95,
               p_value (exact McNemar, GRPO - SFT), delta_vs_control, p_vs_control (GRPO - control)
@@ -105,12 +105,12 @@ CONTINUED = "sft_continued"  # the control's model folder and report names (mode
 def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, continued: bool) -> dict:
     """Greedy evaluation of models/sft, models/grpo (and the continued-SFT control) on the test split,
     paired (the scored items in items/<model>.jsonl); then k samples per item of the first `sample_items` problems for SFT and GRPO."""
-    from components import metrics as metrics_mod
-    from components import scoring
-    from components.config import load_params
-    from components.files import jsonl_bytes, write_files
-    from components.modelio import resolve_model
-    from components.sources import load_problems
+    from components.common.files import jsonl_bytes, write_files
+    from components.evaluation import metrics as metrics_mod
+    from components.evaluation import scoring
+    from components.models.modelio import resolve_model
+    from components.problems.sources import load_problems
+    from pipelines.params.config import load_params
 
     cwd = os.getcwd()
     os.chdir(workdir)
@@ -177,7 +177,7 @@ def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, con
 
 def reports(workdir: Path, overrides: list[str]):
     """The params of the runs in `workdir` (paths of the stage reports)."""
-    from components.config import load_params
+    from pipelines.params.config import load_params
 
     return load_params(workdir / "params.yaml", overrides)
 
@@ -229,7 +229,7 @@ def slice_numbers(rows: list[dict]) -> dict:
     >>> r["n"], r["delta"], round(r["p_value"], 4), r["delta_vs_control"]
     (10, 0.6, 0.0312, 0.6)
     """
-    from components.stats import compare_paired
+    from components.evaluation.stats import compare_paired
 
     res = compare_paired([r["grpo"] for r in rows], [r["sft"] for r in rows])
     out = {"n": res["n"], "sft_accuracy_flexible": res["accuracy_b"], "grpo_accuracy_flexible": res["accuracy_a"]}
@@ -251,7 +251,7 @@ def band_report(rows: list[dict], target_band: str) -> dict:
     >>> r["target"]["n"], r["target"]["delta"], r["in_band"]["delta"], sorted(r["bands"])
     (2, 1.0, 0.0, ['1', '3'])
     """
-    from components.bands import by_steps, in_band, parse_band
+    from components.problems.bands import by_steps, in_band, parse_band
 
     band = parse_band(target_band)
     target = [r for r in rows if band is None or in_band(r["steps"], band)]

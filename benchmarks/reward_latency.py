@@ -2,7 +2,7 @@
 
 The claim (issue 3): 10,000 random and adversarial strings through every registered reward,
 no exception and no call slower than 50 ms. This script runs every reward of
-`components.rewards.REWARD_FUNCS` once per string (one completion per call, as TRL calls
+`components.training.rewards.REWARD_FUNCS` once per string (one completion per call, as TRL calls
 them per batch) on 10,000 seeded random strings plus a fixed adversarial set (1 MB texts,
 nested and unbalanced tags, numbers with thousands of digits, LaTeX that sympy cannot
 finish, unicode), and, as the baseline in the same run, the common regex-based strict-format
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
-    from components.rewards import REWARD_FUNCS, get_reward_funcs
+    from components.training.rewards import REWARD_FUNCS, get_reward_funcs
 
     get_reward_funcs(list(REWARD_FUNCS))  # warms math-verify, as training does
     texts = random_strings(args.n, args.seed) + adversarial_strings()

@@ -1,7 +1,7 @@
 """Stage `data`: build the versioned, validated train and test splits.
 
 Sources (params `data.train_source` / `data.test_source`):
-  synthetic          a seeded generator of GSM8K-style word problems (components/synthetic.py)
+  synthetic          a seeded generator of GSM8K-style word problems (components/problems/synthetic.py)
   jsonl:PATH         GSM8K's native lines {"question": ..., "answer": "...\\n#### 72"}
   hf:NAME[:CONFIG]   a Hugging Face dataset (e.g. hf:openai/gsm8k:main), or a local dataset
                      folder (files loadable by `datasets.load_dataset`, or `save_to_disk` output)
@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.bands import by_steps
-from components.entry import stage_main
-from components.errors import ConfigError, DataError
-from components.files import jsonl_bytes, replace_dir
-from components.params import DataParams
-from components.sources import (
+from components.common.entry import stage_main
+from components.common.errors import ConfigError, DataError
+from components.common.files import jsonl_bytes, replace_dir
+from components.common.params import DataParams, Params
+from components.problems.bands import by_steps
+from components.problems.sources import (
     MAX_REPORTED,
     Record,
     bad_rows_message,
@@ -46,7 +46,7 @@ from components.sources import (
     normalize_question,
     records,
 )
-from components.synthetic import iter_synthetic
+from components.problems.synthetic import iter_synthetic
 
 STAGE = "data"
 
@@ -160,7 +160,7 @@ def step_counts(rows: list[dict]) -> dict[str, int]:
     return {key: len(group) for key, group in by_steps(rows).items()}
 
 
-def run(cfg: DataParams) -> dict[str, Any]:
+def write_splits(cfg: DataParams) -> dict[str, Any]:
     """Load, validate and write both splits; returns the stats written to stats.json."""
     test = load_split(cfg.test_source, "test", cfg)
     exclude = {normalize_question(r["question"]) for r in test.rows} if cfg.train_source == "synthetic" else set()
@@ -198,7 +198,7 @@ def run(cfg: DataParams) -> dict[str, Any]:
         "counts": {"train": len(train.rows), "test": len(test.rows)},
         # GRPO's problems: answer-only ones beside the demonstrations, or the demonstrations' questions
         "grpo": {"count": len(grpo_rows), "answer_only": answer_only_rows},
-        # rows per step count (components/bands.py): what each band holds
+        # rows per step count (components/problems/bands.py): what each band holds
         "steps": {name: step_counts(rows) for name, rows in
                   (("train", train.rows), ("grpo", grpo_rows), ("test", test.rows))},
         "outside_bands": outside,  # train rows above data.demo_max_steps and below data.answer_only_min_steps
@@ -218,14 +218,14 @@ def run(cfg: DataParams) -> dict[str, Any]:
     return stats
 
 
-def run_tracked(params) -> dict[str, Any]:
+def run(params: Params) -> dict[str, Any]:
     """The stage inside its MLflow run: counts as metrics, stats.json as an artifact."""
     import mlflow
 
-    from components.tracking import stage_run
+    from components.common.tracking import stage_run
 
     with stage_run(STAGE, params):
-        stats = run(params.data)
+        stats = write_splits(params.data)
         mlflow.log_metrics(
             {
                 "train_rows": stats["counts"]["train"],
@@ -249,7 +249,7 @@ def run_tracked(params) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return stage_main(STAGE, __doc__, run_tracked, argv)
+    return stage_main(STAGE, __doc__, run, argv)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,16 @@
 """Stage `evaluate`: GSM8K accuracy of the SFT and GRPO models (and the base model by a flag).
 
 Reads the problems (default: the prepared test split), generates greedy completions on
-vLLM or transformers (components/generation.py, `evaluate.backend`), scores them with the
-project's one scorer (components/scoring.py, components/gsm8k.py) and writes into
-`evaluate.output_dir` (components/reports.py):
+vLLM or transformers (components/evaluation/generation.py, `evaluate.backend`), scores them with the
+project's one scorer (components/evaluation/scoring.py, components/problems/gsm8k.py) and writes into
+`evaluate.output_dir` (components/evaluation/reports.py):
 
 - `<model>.json`: `accuracy_strict` (the `<answer>` tag of a well-formed completion),
   `accuracy_flexible` (the last number, lm-evaluation-harness's flexible-extract idea),
   `format_rate`, `mean_completion_tokens`, `n`, Wilson 95% intervals, completions per
   second and the backend (DVC metrics); with `evaluate.num_samples` k > 0 (default 8) also
   the sampled metrics at the training temperature: `sampled_accuracy_*`, `pass_at_k_*`,
-  `maj_at_k_*` with their intervals (components/scoring.py);
+  `maj_at_k_*` with their intervals (components/evaluation/scoring.py);
 - `<model>.items.jsonl`: per problem `id`, `gold`, `completion`, `extracted`, `correct`
   (+ the flexible and format columns, and the k samples' answers and verdicts); the
   promotion gate pairs models by `id`;
@@ -26,9 +26,9 @@ a failed run leaves the previous reports in place.
 A model generated on vLLM in its own venv leaves the engine's own log in `<model>.vllm.log`
 beside its reports (not a DVC output: rewritten by each run, gitignored), logged to the
 stage's MLflow run under `logs/` whether the stage succeeds or fails; the console shows the
-engine's progress, the warnings that matter and its errors (components/vllm_backend.py).
+engine's progress, the warnings that matter and its errors (components/evaluation/vllm_backend.py).
 
-The protocol `lm-eval-gsm8k` (components/lm_eval_gsm8k.py) swaps in lm-evaluation-harness's
+The protocol `lm-eval-gsm8k` (components/evaluation/lm_eval_gsm8k.py) swaps in lm-evaluation-harness's
 5-shot gsm8k prompts and scoring, for numbers comparable with published ones.
 
     python -m components.evaluate                                   # the DVC stage
@@ -46,14 +46,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from components.entry import stage_main
-from components.errors import EvaluationError
-from components.metrics import compare, compare_bands
-from components.modelio import is_model_dir, resolve_model
-from components.params import Params
-from components.reports import Results, log_to_mlflow, write_reports
-from components.scoring import data_source, evaluate_model
-from components.sources import load_problems
+from components.common.entry import stage_main
+from components.common.errors import EvaluationError
+from components.common.params import Params
+from components.evaluation.metrics import compare, compare_bands
+from components.evaluation.reports import Results, log_to_mlflow, write_reports
+from components.evaluation.scoring import data_source, evaluate_model
+from components.models.modelio import is_model_dir, resolve_model
+from components.problems.sources import load_problems
 
 log = logging.getLogger("grpoflow.evaluate")
 
@@ -86,7 +86,7 @@ def comparisons(results: Results, primary: str, target_band: str = "") -> dict[s
     }
 
 
-def run(params: Params) -> dict[str, Any]:
+def score_models(params: Params) -> dict[str, Any]:
     """Evaluate the stage's models, write the reports, return {results, comparison, paths}."""
     cfg = params.evaluate
     data = data_source(params)
@@ -128,22 +128,22 @@ def summary(results: Results, comparison: dict[str, Any] | None) -> dict[str, An
     return out
 
 
-def run_tracked(params: Params) -> dict[str, Any]:
+def run(params: Params) -> dict[str, Any]:
     """The stage inside its MLflow run; prints the summary as JSON."""
-    from components.tracking import stage_run
+    from components.common.tracking import stage_run
 
     data = data_source(params)
     local = {Path(data[6:]).stem: (data[6:], "evaluation")} if data.startswith("jsonl:") else None
     logs = [vllm_log(params, name) for name in stage_models(params)]
     with stage_run(STAGE, params, datasets=local, logs=logs):
-        out = run(params)
+        out = score_models(params)
         log_to_mlflow(out["results"], out["comparison"], out["paths"], params.evaluate.log_items_table)
     print(json.dumps(summary(out["results"], out["comparison"]), indent=2))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    return stage_main(STAGE, __doc__, run_tracked, argv)
+    return stage_main(STAGE, __doc__, run, argv)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ Reads `grpo.init_dir` (default `models/sft`) and `selection.output_file` (its pr
 (`grpo.history_file`: loss, reward per function, reward std, KL, completion length,
 frac_reward_zero_std, ...; the data of `dvc plots show`). For each prompt the trainer samples `grpo.num_generations`
 completions at `grpo.temperature`, scores them with `rewards.funcs` weighted by
-`rewards.weights` (components/rewards.py), normalises the rewards within each group into
+`rewards.weights` (components/training/rewards.py), normalises the rewards within each group into
 advantages and takes clipped policy-gradient steps (`grpo.epsilon`) with a KL penalty to the
 frozen SFT model (`grpo.beta`). Every loss type TRL offers is selectable (`grpo.loss_type`);
 LoRA (`grpo.use_lora`) and vLLM generation (`grpo.use_vllm`, colocate or server) are options.
@@ -15,7 +15,7 @@ LoRA (`grpo.use_lora`) and vLLM generation (`grpo.use_vllm`, colocate or server)
 MLflow (through transformers' integration, inside the stage's run): loss, each reward's mean
 and std, KL, clip ratios, frac_reward_zero_std, completion lengths, learning rate at every
 logging step, and a table of sampled completions with their rewards and advantages.
-A signal monitor (components/signal_monitor.py, `grpo.signal_*`) warns in the log and the MLflow
+A signal monitor (components/training/signal_monitor.py, `grpo.signal_*`) warns in the log and the MLflow
 run when most groups carry no learning signal (task too hard or too easy) or the KL drifts, and
 adds `frac_reward_zero_std_mean` and `signal_warnings` to the summary.
 Crash safety as in components/sft.py: checkpoints every `grpo.trainer.save_steps`, resume
@@ -32,9 +32,9 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from components.entry import stage_main
-from components.errors import ConfigError, InputError
-from components.params import Params
+from components.common.entry import stage_main
+from components.common.errors import ConfigError, InputError
+from components.common.params import Params
 
 STAGE = "grpo"
 COMPLETIONS_TABLE = "grpo_completions.json"
@@ -58,7 +58,7 @@ def history_names(trl_names: list[str], funcs: list[str]) -> dict[str, str]:
 
 def recipe(params: Params) -> dict[str, Any]:
     """The GRPOConfig fields our params section owns (the fields marked `recipe` in
-    components/params.py) and the reward weights."""
+    components/common/params.py) and the reward weights."""
     cfg = params.grpo
     owned = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.metadata.get("recipe")}
     return {**owned, "reward_weights": [float(w) for w in params.rewards.weights]}
@@ -66,7 +66,7 @@ def recipe(params: Params) -> dict[str, Any]:
 
 def fingerprint_settings(params: Params) -> dict[str, Any]:
     """The settings that enter the resume fingerprint (finetune.fingerprint)."""
-    from components import finetune
+    from components.training import finetune
 
     return {
         "grpo": finetune.fingerprint_fields(params.grpo),
@@ -111,8 +111,8 @@ def trainer_settings(params: Params) -> tuple[Any, Any]:
     naming it. `grpoflow run` calls it before anything runs, the stage before it loads anything."""
     from trl import GRPOConfig as TRLGRPOConfig
 
-    from components import finetune
-    from components.rewards import check_reward_names
+    from components.training import finetune
+    from components.training.rewards import check_reward_names
 
     check_reward_names(params.rewards)
     cfg = params.grpo
@@ -129,9 +129,11 @@ def run(params: Params) -> Path:
     """Train and write the GRPO model folder; returns its path."""
     from datasets import Dataset
 
-    from components import finetune, gsm8k, modelio, signal_monitor
-    from components.rewards import build_rewards
-    from components.sources import read_split
+    from components.models import modelio
+    from components.problems import gsm8k
+    from components.problems.sources import read_split
+    from components.training import finetune, signal_monitor
+    from components.training.rewards import build_rewards
 
     cfg, data_dir = params.grpo, Path(params.data.output_dir)
     args, peft_config = trainer_settings(params)  # fails before any data or model is loaded
@@ -172,7 +174,7 @@ def run(params: Params) -> Path:
 
     callbacks = [signal_monitor.callback(monitor, cfg.signal_window)]
     if dev:
-        from components.dev_accuracy import dev_callback
+        from components.training.dev_accuracy import dev_callback
 
         callbacks.append(dev_callback(dev, tokenizer, cfg.dev_every, args.max_completion_length or 256, at_start=True))
 

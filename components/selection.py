@@ -4,8 +4,8 @@ sampling, as in DAPO; TRL's GRPOTrainer does not offer it).
 A GRPO group whose completions all earn the same reward has zero advantage: no learning signal.
 For a prompt the model never solves, or always solves, that is every group. This stage samples
 `selection.num_samples` (k) completions per candidate from `selection.model_dir` (the SFT model GRPO
-starts from) at `grpo.temperature`, on vLLM where available (components/generation.py, as the
-evaluate stage), scores them with the shared checker (components/gsm8k.py; `selection.mode`:
+starts from) at `grpo.temperature`, on vLLM where available (components/evaluation/generation.py, as the
+evaluate stage), scores them with the shared checker (components/problems/gsm8k.py; `selection.mode`:
 flexible = the right answer, strict = the right answer in the `<answer>` tag, what the accuracy
 reward pays) and keeps the prompts whose pass rate is in the band: by default 0 < p < 1, some but
 not all samples right (`selection.keep_unsolved`, `selection.keep_solved`,
@@ -34,9 +34,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from components.entry import stage_main
-from components.errors import DataError
-from components.params import Params
+from components.common.entry import stage_main
+from components.common.errors import DataError
+from components.common.params import Params
 
 STAGE = "selection"
 METRICS_KEYS = ("candidates", "kept", "never_solved", "always_solved")  # the DVC metrics file: few keys, so
@@ -46,7 +46,7 @@ METRICS_KEYS = ("candidates", "kept", "never_solved", "always_solved")  # the DV
 def in_band(rate: float, cfg: Any) -> bool:
     """Whether a prompt with this pass rate is kept.
 
-    >>> from components.params import SelectionParams
+    >>> from components.common.params import SelectionParams
     >>> [in_band(p, SelectionParams()) for p in (0.0, 0.125, 0.875, 1.0)]
     [False, True, True, False]
     >>> [in_band(p, SelectionParams(keep_unsolved=True, max_pass_rate=0.5)) for p in (0.0, 0.5, 0.625)]
@@ -90,7 +90,7 @@ def count(rates: list[float | None], kept: list[bool], k: int) -> dict[str, Any]
 def histogram(rates: list[float | None], k: int, cfg: Any) -> list[dict[str, Any]]:
     """Prompts per pass rate (0, 1/k, ..., 1) and whether the band keeps that rate.
 
-    >>> from components.params import SelectionParams
+    >>> from components.common.params import SelectionParams
     >>> histogram([0.0, 0.5, 0.5], 2, SelectionParams())
     [{'pass_rate': 0.0, 'prompts': 1, 'kept': False}, {'pass_rate': 0.5, 'prompts': 2, 'kept': True}, {'pass_rate': 1.0, 'prompts': 0, 'kept': False}]
     """
@@ -102,9 +102,9 @@ def histogram(rates: list[float | None], k: int, cfg: Any) -> list[dict[str, Any
 
 def pass_rates(params: Params, rows: list[dict[str, str]]) -> tuple[list[float], list[bool], str]:
     """(pass rate of the k samples, greedy answer right, backend) per problem."""
-    from components import gsm8k
-    from components.generation import GenerationSettings, generate
-    from components.modelio import load_tokenizer
+    from components.evaluation.generation import GenerationSettings, generate
+    from components.models.modelio import load_tokenizer
+    from components.problems import gsm8k
 
     cfg = params.selection
     tokenizer = load_tokenizer(cfg.model_dir)
@@ -136,11 +136,11 @@ def too_few(counts: dict[str, Any], needed: int, per_step: int) -> str:
     )
 
 
-def run(params: Params) -> dict[str, Any]:
+def choose_prompts(params: Params) -> dict[str, Any]:
     """Score the candidates, keep the band, write the outputs; returns the metrics."""
-    from components.files import csv_bytes, json_bytes, jsonl_bytes, write_bytes
-    from components.modelio import require_model_dir
-    from components.sources import read_split
+    from components.common.files import csv_bytes, json_bytes, jsonl_bytes, write_bytes
+    from components.models.modelio import require_model_dir
+    from components.problems.sources import read_split
 
     cfg = params.selection
     require_model_dir(cfg.model_dir, "SFT model", "sft")
@@ -184,14 +184,14 @@ def histogram_figure(hist: list[dict[str, Any]], k: int):
     return fig
 
 
-def run_tracked(params: Params) -> dict[str, Any]:
+def run(params: Params) -> dict[str, Any]:
     """The stage inside its MLflow run: counts as metrics, the histogram as a figure."""
     import mlflow
 
-    from components.tracking import stage_run
+    from components.common.tracking import stage_run
 
     with stage_run(STAGE, params, logs=[vllm_log(params)]):
-        out = run(params)
+        out = choose_prompts(params)
         m = out["metrics"]
         mlflow.log_metrics({k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
         mlflow.log_artifact(params.selection.histogram_file, artifact_path=STAGE)
@@ -206,7 +206,7 @@ def run_tracked(params: Params) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return stage_main(STAGE, __doc__, run_tracked, argv)
+    return stage_main(STAGE, __doc__, run, argv)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Reads the base model (`model.base_dir`, written by the `model` stage) and
 `<data.output_dir>/train.jsonl`; writes `sft.output_dir` (default `models/sft`), a standard
 model folder, `sft.metrics_file` (default `reports/train/sft.json`) and the per-step loss history
 `sft.history_file` (`reports/train/sft_history.csv`, plotted by `dvc plots show`). Each demonstration is the rendered prompt
-(components.gsm8k.render_prompt) followed by `<reasoning>solution</reasoning><answer>gold</answer>`
+(components.problems.gsm8k.render_prompt) followed by `<reasoning>solution</reasoning><answer>gold</answer>`
 and eos. Like SFT data pooled from real sources, a share of the demonstrations is noisy on
 purpose (`sft.demo_untagged_rate`, `sft.demo_wrong_rate`; see the README's Training section):
 that is what GRPO's rule-based rewards then repair.
@@ -30,9 +30,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from components.dev_accuracy import Plateau, dev_callback
-from components.entry import stage_main
-from components.params import Params
+from components.common.entry import stage_main
+from components.common.params import Params
+from components.training.dev_accuracy import Plateau, dev_callback
 
 STAGE = "sft"
 _RESULT_RE = re.compile(r"=\s*(-?\d+(?:\.\d+)?)")
@@ -71,7 +71,7 @@ def build_demos(rows: list[dict[str, str]], tokenizer: Any, cfg) -> tuple[Any, d
     """The prompt/completion dataset and counts of untagged and wrong demonstrations."""
     from datasets import Dataset
 
-    from components import gsm8k
+    from components.problems import gsm8k
 
     rng = random.Random(cfg.demo_seed)
     prompts, completions = [], []
@@ -98,7 +98,7 @@ def split_dev(rows: list[dict[str, str]], dev_size: int) -> tuple[list[dict[str,
     ([{'id': '0'}, {'id': '1'}, {'id': '2'}], [{'id': '3'}, {'id': '4'}])
     """
     if dev_size and dev_size >= len(rows):
-        from components.errors import ConfigError
+        from components.common.errors import ConfigError
 
         raise ConfigError(f"sft.dev_size={dev_size} holds out every one of the {len(rows)} demonstrations; lower it")
     return (rows[:-dev_size], rows[-dev_size:]) if dev_size else (rows, [])
@@ -106,7 +106,7 @@ def split_dev(rows: list[dict[str, str]], dev_size: int) -> tuple[list[dict[str,
 
 def fingerprint_settings(params: Params) -> dict[str, Any]:
     """The settings that enter the resume fingerprint (finetune.fingerprint)."""
-    from components import finetune
+    from components.training import finetune
 
     return {"sft": finetune.fingerprint_fields(params.sft), "model.dtype": params.model.dtype}
 
@@ -116,7 +116,7 @@ def trainer_settings(params: Params) -> tuple[Any, Any]:
     naming it. `grpoflow run` calls it before anything runs, the stage before it loads anything."""
     from trl import SFTConfig as TRLSFTConfig
 
-    from components import finetune
+    from components.training import finetune
 
     cfg = params.sft
     args = finetune.build_trl_args(TRLSFTConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir)
@@ -128,8 +128,9 @@ def run(params: Params) -> Path:
     import mlflow
     from trl import SFTTrainer
 
-    from components import finetune, modelio
-    from components.sources import read_split
+    from components.models import modelio
+    from components.problems.sources import read_split
+    from components.training import finetune
 
     cfg, data_dir = params.sft, Path(params.data.output_dir)
     args, peft_config = trainer_settings(params)  # fails before any data or model is loaded

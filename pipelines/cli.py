@@ -44,7 +44,7 @@ REPRODUCE_DESCRIPTION = (
 
 
 def _add_params(p: argparse.ArgumentParser) -> None:
-    # Same options as components.config.add_params_args, repeated here so that
+    # Same options as components.common.entry.add_params_args (tests/test_cli.py compares them), repeated here so that
     # `grpoflow --help` does not import yaml-loading code.
     p.add_argument("--params", default=None, metavar="FILE", help="params file (default: params.yaml)")
     p.add_argument(
@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module, func = args.handler.split(":")
-    from components.entry import one_line_errors  # after parsing: `--help` stays stdlib-only
+    from components.common.entry import one_line_errors  # after parsing: `--help` stays stdlib-only
 
     return one_line_errors(lambda: getattr(importlib.import_module(module), func)(args))
 

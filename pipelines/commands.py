@@ -7,8 +7,8 @@
     grpoflow rollback NAME                      the previous champion back
     grpoflow stage NAME --commit SHA ...        one stage in a clean working copy (pipelines/stage.py)
 
-Errors are one line on stderr, never a traceback (components/entry.py one_line_errors, around every
-subcommand): exit code 2 for input to fix (components/errors.py), 1 for a service that does not answer
+Errors are one line on stderr, never a traceback (components/common/entry.py one_line_errors, around every
+subcommand): exit code 2 for input to fix (components/common/errors.py), 1 for a service that does not answer
 or a stage/DVC/MLflow failure, 3 for a checkout held by another run.
 A tracking server that does not answer is found before any work starts.
 """
@@ -23,9 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from components.config import load_params, params_in
-from components.entry import fail
-from components.tracking import check_reachable, repo_root, resolve_tracking_uri
+from components.common.entry import fail
+from components.common.tracking import check_reachable, repo_root, resolve_tracking_uri
+from pipelines.params.config import load_params, params_in
 
 
 def _load_checked(args: argparse.Namespace, root: Path | None = None) -> Any:
@@ -114,7 +114,7 @@ def cli_evaluate(args: argparse.Namespace) -> int:
         _load_checked(args), args.model, data=args.data, protocol=args.protocol, backend=args.backend,
         limit=args.limit, output=args.output,
     )
-    from components.reports import steps_table
+    from components.evaluation.reports import steps_table
 
     print(steps_table(metrics), file=sys.stderr, flush=True)  # stdout stays one JSON object
     print(json.dumps(metrics, indent=2, sort_keys=True))
@@ -122,7 +122,7 @@ def cli_evaluate(args: argparse.Namespace) -> int:
 
 
 def _registry_command(args: argparse.Namespace, action: Callable[[Any], Any]) -> int:
-    from components.promotion import print_decision
+    from pipelines.promotion import print_decision
 
     print_decision(action(_load_checked(args)))
     return 0
@@ -130,14 +130,14 @@ def _registry_command(args: argparse.Namespace, action: Callable[[Any], Any]) ->
 
 def cli_promote(args: argparse.Namespace) -> int:
     """`grpoflow promote NAME VERSION --reason TEXT`."""
-    from components.promotion import force_promote
+    from pipelines.promotion import force_promote
 
     return _registry_command(args, lambda p: force_promote(p, args.name, str(args.version), args.reason))
 
 
 def cli_rollback(args: argparse.Namespace) -> int:
     """`grpoflow rollback NAME`."""
-    from components.promotion import rollback
+    from pipelines.promotion import rollback
 
     return _registry_command(args, lambda p: rollback(p, args.name))
 

@@ -22,8 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from components.errors import GrpoflowError
-from components.tracking import repo_root
+from components.common.errors import GrpoflowError
+from components.common.tracking import repo_root
 
 PREFECT_FILE = "infra/prefect.yaml"
 SCHEDULED_NAME = "training-scheduled"
@@ -107,7 +107,7 @@ def cli_deploy(args: argparse.Namespace) -> int:
 def cli_schedule(args: argparse.Namespace) -> int:
     """`grpoflow schedule --cron EXPR`: run the training flow from this process on a cron schedule
     (Prefect's `flow.serve`; `grpoflow serve` serves a model, pipelines/serving.py)."""
-    from components.config import ConfigError, load_params
+    from pipelines.params.config import ConfigError, load_params
     from pipelines.runtime import prefect_env_defaults, start_prefect_server
     from pipelines.training import training_pipeline
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from components.tracking import PARENT_ENV
+from components.common.tracking import PARENT_ENV
 from pipelines.group_watchdog import GROUP_FILE_ENV
 from pipelines.runtime import TELEMETRY_OFF
 
@@ -339,7 +339,7 @@ def _pull_tracked(stages: list[str]) -> int:
     """The `cache: false` outputs of dvc.lock from the default remote into the workspace (files only)."""
     from dvc.repo import Repo
 
-    from components.files import write_bytes  # atomic
+    from components.common.files import write_bytes  # atomic
 
     with Repo(".") as repo:
         outs = [out for out in _uncached_outs(repo, stages) if not out.hash_info.isdir]

@@ -32,17 +32,17 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from components.config import add_params_args, load_params
-from components.endpoint import connect
-from components.entry import one_line_errors
-from components.errors import EvaluationError
+from components.common.entry import one_line_errors
+from components.common.errors import EvaluationError
+from components.common.params import Params
+from components.common.tracking import TAG_PREFIX, stage_run
 from components.evaluate import STAGE as EVALUATE
-from components.modelio import resolve_model
-from components.params import Params
-from components.reports import log_to_mlflow, write_reports
-from components.scoring import data_source, evaluate_model, fewshot_source
-from components.sources import load_problems
-from components.tracking import TAG_PREFIX, stage_run
+from components.evaluation.endpoint import connect
+from components.evaluation.reports import log_to_mlflow, write_reports
+from components.evaluation.scoring import data_source, evaluate_model, fewshot_source
+from components.models.modelio import resolve_model
+from components.problems.sources import load_problems
+from pipelines.params.config import add_params_args, load_params
 
 
 def _slug(spec: str) -> str:

@@ -70,7 +70,7 @@ def accuracy_figure(metrics: dict[str, dict[str, Any]]):
 def steps_figure(metrics: dict[str, dict[str, Any]]):
     """Flexible accuracy per number of reasoning steps, one line per model (SFT beside GRPO), with
     Wilson 95% intervals; the target band shaded."""
-    from components.bands import band_label, parse_band
+    from components.problems.bands import band_label, parse_band
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4))

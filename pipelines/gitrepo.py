@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from components.errors import GrpoflowError
+from components.common.errors import GrpoflowError
 
 IMAGE_COMMIT_ENV = "GRPOFLOW_GIT_COMMIT"  # set in the images by infra/Dockerfile
 # What an image without .git holds of the checkout, copied into a working copy.

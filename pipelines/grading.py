@@ -6,7 +6,7 @@ in `#### N`, or in `A: N` as in GSM8K's published model samples). Every row is w
 with all its fields, plus `extracted` (the answer found in the completion, or null) and
 `correct`; the output file appears atomically, only when every row is well-formed. The
 accuracy is printed with its 95% Wilson interval. Answers are extracted and compared by
-components/gsm8k.py, the scorer that training rewards and evaluation use.
+components/problems/gsm8k.py, the scorer that training rewards and evaluation use.
 
     grpoflow grade --input completions.jsonl --output graded.jsonl --mode flexible
 
@@ -22,11 +22,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from components import gsm8k
-from components.errors import InputError
-from components.files import write_jsonl
-from components.rewards import completion_text
-from components.stats import wilson_interval
+from components.common.errors import InputError
+from components.common.files import write_jsonl
+from components.evaluation.stats import wilson_interval
+from components.problems import gsm8k
+from components.training.rewards import completion_text
 
 MAX_REPORTED = 20  # malformed rows listed in the error message
 
@@ -110,7 +110,7 @@ def read_rows(path: Path) -> list[tuple[dict[str, Any], str, str]]:
     return rows
 
 
-def run(
+def grade_file(
     input_path: str | os.PathLike, output_path: str | os.PathLike, mode: str = "flexible"
 ) -> dict[str, Any]:
     """Grade every row of `input_path` into `output_path`; returns the summary."""
@@ -152,5 +152,5 @@ def format_grades(s: dict[str, Any]) -> str:
 
 def cli_grade(args: argparse.Namespace) -> int:
     """Handler of `grpoflow grade` (args: input, output, mode)."""
-    print(format_grades(run(args.input, args.output, args.mode)))
+    print(format_grades(grade_file(args.input, args.output, args.mode)))
     return 0

@@ -40,10 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.files import md5_file, sha256_tree
-from components.params import Params
-from components.reports import read_metrics
-from components.tracking import (
+from components.common.files import md5_file, sha256_tree
+from components.common.params import Params
+from components.common.tracking import (
     ERROR_TAG,
     HOST_TAG,
     MAX_TAG_CHARS,
@@ -59,6 +58,7 @@ from components.tracking import (
     process_tags,
     resolve_tracking_uri,
 )
+from components.evaluation.reports import read_metrics
 from pipelines.gitrepo import git_state
 from pipelines.results import StageResult
 
@@ -101,7 +101,7 @@ def flow_run_name() -> str:
     """run_name for Prefect's `flow_run_name` (called in the flow run's context, before the body)."""
     from prefect.runtime import flow_run
 
-    from components.tracking import repo_root
+    from components.common.tracking import repo_root
 
     return run_name(repo_root(), list((flow_run.parameters or {}).get("overrides") or []))
 
@@ -180,7 +180,7 @@ def parent_run(params: Params, root: str | Path, overrides: list[str] | tuple[st
 def vllm_engine_version(vllm_python: str, root: str | Path | None = None) -> str:
     """The version of the vLLM evaluation runs on: this interpreter's if it can import vllm, else the
     one in `evaluate.vllm_python`'s venv (asked with importlib.metadata, without importing vllm)."""
-    from components.vllm_backend import resolve_vllm_python, vllm_importable
+    from components.evaluation.vllm_backend import resolve_vllm_python, vllm_importable
 
     if vllm_importable():
         python = sys.executable
@@ -358,7 +358,7 @@ def version_tags(lineage: dict[str, str], run: PipelineRun) -> dict[str, str]:
     dirty flag, dvc.lock md5, data hashes and the Prefect flow run."""
     import mlflow
 
-    from components.registry import LINEAGE
+    from pipelines.registry import LINEAGE
 
     tags = {**mlflow.MlflowClient().get_run(run.run_id).data.tags, **lineage}
     wanted = (f"{TAG_PREFIX}git_commit", f"{TAG_PREFIX}git_dirty", FLOW_RUN_TAG, DVC_LOCK_TAG)

@@ -17,8 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from components.errors import ConfigError
-from components.params import Params
+from components.common.errors import ConfigError
+from components.common.params import Params
 from pipelines import dvc_ops
 from pipelines.dvc_ops import StageFailed, default_remote, entry_md5, stage_env
 from pipelines.gitrepo import changed_files, head_commit
@@ -55,7 +55,7 @@ def merge_lock_entry(root: str | Path, stage: str, entry: dict[str, Any]) -> Non
     """Put a stage's dvc.lock entry (made in another working copy) into this checkout's dvc.lock."""
     import yaml
 
-    from components.files import write_text
+    from components.common.files import write_text
 
     path = Path(root) / "dvc.lock"
     lock = (yaml.safe_load(path.read_text()) if path.is_file() else None) or {"schema": "2.0", "stages": {}}
@@ -67,7 +67,7 @@ def _result(run: PipelineRun, stage: str, commit: str) -> dict[str, Any]:
     """The stage's result, which pipelines/stage.py logged on its MLflow run."""
     import mlflow
 
-    from components.tracking import STAGE_TAG, TAG_PREFIX
+    from components.common.tracking import STAGE_TAG, TAG_PREFIX
     from pipelines.stage import RESULT_ARTIFACT
 
     client = mlflow.MlflowClient()

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from components.errors import ConfigError
+from components.common.errors import ConfigError
 
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
 KEYS = ("description", "memory", "params")
@@ -27,17 +27,17 @@ def names(folder: Path = PRESETS_DIR) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml"))
 
 
-def flatten(mapping: dict[str, Any], prefix: str = "") -> list[str]:
+def override_list(mapping: dict[str, Any], prefix: str = "") -> list[str]:
     """`section.key=value` overrides of a nested params mapping; the values as YAML (flow style).
 
-    >>> flatten({"model": {"name_or_path": "gguf:x.gguf"}, "sft": {"trainer": {"max_steps": 4}, "lora": {"target_modules": ["q_proj"]}}})
+    >>> override_list({"model": {"name_or_path": "gguf:x.gguf"}, "sft": {"trainer": {"max_steps": 4}, "lora": {"target_modules": ["q_proj"]}}})
     ['model.name_or_path=gguf:x.gguf', 'sft.trainer.max_steps=4', 'sft.lora.target_modules=[q_proj]']
     """
     out = []
     for key, value in mapping.items():
         path = f"{prefix}{key}"
         if isinstance(value, dict) and value:
-            out += flatten(value, f"{path}.")
+            out += override_list(value, f"{path}.")
         else:
             out.append(f"{path}={yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix('...').strip()}")
     return out
@@ -62,7 +62,7 @@ def read(name: str, folder: Path = PRESETS_DIR) -> dict[str, Any]:
 
 def overrides(name: str, folder: Path = PRESETS_DIR) -> list[str]:
     """The preset's `section.key=value` overrides, in file order."""
-    return flatten(read(name, folder)["params"])
+    return override_list(read(name, folder)["params"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,14 +31,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from components.config import load_params
-from components.errors import ConfigError, RegistryError
-from components.files import json_bytes, repo_root, write_files
-from components.params import Params
-from components.reports import read_metrics
-from components.tracking import TAG_PREFIX, configure, is_timing, package_versions
+from components.common.errors import ConfigError, RegistryError
+from components.common.files import json_bytes, repo_root, write_files
+from components.common.params import Params
+from components.common.tracking import TAG_PREFIX, configure, is_timing, package_versions
+from components.evaluation.reports import read_metrics
 from pipelines.dvc_ops import default_remote, stage_env
 from pipelines.gitrepo import has_commit, working_copy
+from pipelines.params.config import load_params
 
 METRIC_TAG = "metric."
 VERSION_TAG = f"{TAG_PREFIX}version."

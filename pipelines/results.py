@@ -5,7 +5,10 @@
     RunSummary    the run: what `grpoflow run` prints (summary.format_run_summary), the MLflow description
                   and the Prefect artifacts show; the `training-pipeline` flow's return value
 
-Registration and promotion decisions cross as the dicts of components/promotion.py `as_dict`.
+    Registration  the model version the register task made or found (pipelines/registry.py)
+    NotRegistered the register task's explicit skipped result, with the reason
+    Decision      the promotion gate's decision, or a manual `grpoflow promote` / `rollback`
+                  (pipelines/promotion.py)
 
 A failed stage crosses as its error (dvc_ops.StageFailed), whose message `failure_message` writes:
 the stage's own error line first (`stage_error`), then the exit code and the output's last lines.
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass
@@ -34,6 +37,38 @@ class StageResult:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
+@dataclass(frozen=True)
+class Registration:
+    name: str
+    version: str
+    created: bool  # false: this dvc.lock was registered before (the version is the earlier one)
+    run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class NotRegistered:
+    reason: str  # why the register task made no version (registration off, `dvc push` failed)
+
+
+# What a decision can be: the gate's two outcomes, `grpoflow promote` and `grpoflow rollback`. A run
+# that registers nothing new reports the version's recorded decision (its `promotion.decision` tag).
+DecisionKind = Literal["promoted", "rejected", "forced", "rollback"]
+
+
+@dataclass
+class Decision:
+    name: str
+    version: str
+    decision: DecisionKind
+    reason: str
+    champion_before: str | None = None
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def promoted(self) -> bool:
+        return self.decision in ("promoted", "forced")
+
+
 @dataclass
 class RunSummary:
     name: str  # `<short commit> <overrides>`, `rerun` added when no stage ran
@@ -45,14 +80,14 @@ class RunSummary:
     stages: list[StageResult]
     metrics: dict[str, dict[str, Any]]  # {model: evaluation metrics}
     comparison: dict[str, Any]  # comparison.json: {pair: paired difference}
-    registration: dict[str, Any] | None
-    decision: dict[str, Any] | None
+    registration: Registration | NotRegistered
+    decision: Decision | None  # None when nothing was registered
     reports: dict[str, list[str]]  # {folder: [files]}
     figures: list[str] = field(default_factory=list)  # artifact paths on the parent run
     alpha: float = 0.05  # register.alpha: the significance level the summary's verdicts use
 
 
-STAGE_ERROR_PREFIX = "error: "  # how a stage's entry point states its error (components/entry.py `fail`)
+STAGE_ERROR_PREFIX = "error: "  # how a stage's entry point states its error (components/common/entry.py `fail`)
 FAILURE_TAIL_LINES = 20  # of a failed stage's output, in its error message after the error line
 
 

@@ -31,7 +31,7 @@ def pipeline_lock(root: str | os.PathLike, timeout: float | None = None) -> Iter
     """Exclusive per-checkout lock; waits up to `timeout` s (default: `tracking.run_lock_timeout`
     of the checkout's params.yaml), then raises PipelineLocked naming the holder."""
     if timeout is None:
-        from components.config import load_params, params_in
+        from pipelines.params.config import load_params, params_in
 
         timeout = load_params(params_in(root)).tracking.run_lock_timeout
     path = Path(root) / LOCK_FILE

@@ -51,7 +51,7 @@ SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREF
 LAUNCH_ATTEMPTS = 3  # a port taken between choosing it and uvicorn binding it: start again on another
 
 
-def server_command(port: int, prefect_dir: str, poll_parent: bool = False) -> list[str]:
+def prefect_server_command(port: int, prefect_dir: str, poll_parent: bool = False) -> list[str]:
     """Prefect's command for its temporary server (SubprocessASGIServer._run_uvicorn_command), watched
     by pipelines.group_watchdog (`--poll-parent` when started from a thread that ends before the process)."""
     return [
@@ -100,7 +100,7 @@ class TemporaryServer:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
-        self.proc = subprocess.Popen(server_command(self.port, self._prefect_dir), env={**os.environ, **SERVER_ENV})
+        self.proc = subprocess.Popen(prefect_server_command(self.port, self._prefect_dir), env={**os.environ, **SERVER_ENV})
 
     def use(self, timeout: float = SERVER_STARTUP_TIMEOUT_S) -> bool:
         """Wait until it answers, then point Prefect's settings at it; False (and stopped) when a Prefect
@@ -198,7 +198,7 @@ def guarded_server():
             from prefect.settings import get_current_settings
 
             env = {**os.environ, **SERVER_ENV, **get_current_settings().to_environment_variables(exclude_unset=True)}
-            command = server_command(self.port, str(prefect.__module_path__.parent), poll_parent=True)
+            command = prefect_server_command(self.port, str(prefect.__module_path__.parent), poll_parent=True)
             return subprocess.Popen(command, env=env)
 
     existing = SubprocessASGIServer._instances.get(None)

@@ -5,7 +5,7 @@ OpenAI-compatible server on 127.0.0.1.
     grpoflow serve models:/grpoflow-policy/3 --port 8001
     grpoflow serve models/grpo                          # a model folder
 
-The model is resolved and downloaded by `components.modelio.resolve_model` (an alias is pinned
+The model is resolved and downloaded by `components.models.modelio.resolve_model` (an alias is pinned
 to its version first), then served under `NAME/VERSION` (e.g. `grpoflow-policy/3`; a folder
 under its folder name, a hub id under itself) with the tokenizer's own chat template, so a chat
 request with the messages `gsm8k.build_messages` makes gets the prompt the model was trained
@@ -36,12 +36,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from components.config import load_params
-from components.errors import BackendError, ConfigError, EvaluationError
-from components.gsm8k import build_messages
-from components.modelio import registered_version, resolve_model
-from components.params import Params
-from components.vllm_backend import server_command, worker_env
+from components.common.errors import BackendError, ConfigError, EvaluationError
+from components.common.params import Params
+from components.evaluation.vllm_backend import vllm_server_command, worker_env
+from components.models.modelio import registered_version, resolve_model
+from components.problems.gsm8k import build_messages
+from pipelines.params.config import load_params
 
 DEFAULT_MODEL = "models:/grpoflow-policy@champion"
 EXAMPLE_QUESTION = (
@@ -172,7 +172,7 @@ def serve(params: Params, spec: str, host: str, port: int, api_key: str | None =
         source = f"models:/{registered[0]}/{registered[1]}" if registered else spec  # pin the alias's version
         model = resolve_model(source, download_dir=tmp, params=params)
         name = served_name(spec, registered)
-        cmd = server_command(
+        cmd = vllm_server_command(
             model.model_dir, tokenizer_dir=model.tokenizer_dir, served_names=[name], host=host, port=port,
             dtype=cfg.dtype, seed=cfg.seed, vllm_python=cfg.vllm_python, vllm_args=dict(cfg.vllm_args),
         )

@@ -25,9 +25,9 @@ from typing import Any
 
 from prefect import flow
 
-from components.errors import GrpoflowError
-from components.files import repo_root, write_text
-from components.tracking import STAGE_TAG, TAG_PREFIX
+from components.common.errors import GrpoflowError
+from components.common.files import repo_root, write_text
+from components.common.tracking import STAGE_TAG, TAG_PREFIX
 from pipelines import dvc_ops
 from pipelines.dvc_ops import (
     StageFailed,

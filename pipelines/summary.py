@@ -18,8 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from components.params import Params
-from components.reports import (
+from components.common.params import Params
+from components.common.tracking import ui_address
+from components.evaluation.reports import (
     ACCURACY_CSV,
     HEADLINE_DIR,
     STEPS_CSV,
@@ -28,9 +29,8 @@ from components.reports import (
     read_comparison,
     read_metrics,
 )
-from components.tracking import ui_address
 from pipelines.lineage import PipelineRun, run_name
-from pipelines.results import RunSummary, StageResult
+from pipelines.results import Decision, NotRegistered, Registration, RunSummary, StageResult
 
 SUMMARY_KEYS = ("accuracy_strict", "accuracy_flexible", "format_rate", "sampled_accuracy_strict", "pass_at_k_strict",
                 "maj_at_k_strict", "n")
@@ -61,8 +61,8 @@ def run_summary(
     stages: list[StageResult],
     pulled: str,
     pushed: str,
-    registration: dict[str, Any] | None,
-    decision: dict[str, Any] | None,
+    registration: Registration | NotRegistered,
+    decision: Decision | None,
     overrides: list[str] | tuple[str, ...] = (),
 ) -> RunSummary:
     import mlflow
@@ -129,10 +129,10 @@ def reports(params: Params) -> dict[str, list[str]]:
 
 def _model_line(s: RunSummary) -> str:
     reg = s.registration
-    if reg and "skipped" not in reg:
-        what = "registered (alias challenger)" if reg["created"] else "already registered (dvc.lock unchanged), no new version"
-        return f"{reg['name']} v{reg['version']} {what}"
-    return f"not registered ({(reg or {}).get('skipped', 'register.enabled is false')})"
+    if isinstance(reg, Registration):
+        what = "registered (alias challenger)" if reg.created else "already registered (dvc.lock unchanged), no new version"
+        return f"{reg.name} v{reg.version} {what}"
+    return f"not registered ({reg.reason})"
 
 
 def _page(s: RunSummary) -> str:
@@ -143,8 +143,8 @@ def links(s: RunSummary) -> dict[str, str]:
     """The MLflow UI pages of the run and of the registered version (if any)."""
     out = {"mlflow-run": _page(s)}
     reg = s.registration
-    if reg and "skipped" not in reg:
-        out["model-version"] = f"{ui_address(s.tracking_uri)}/#/models/{reg['name']}/versions/{reg['version']}"
+    if isinstance(reg, Registration):
+        out["model-version"] = f"{ui_address(s.tracking_uri)}/#/models/{reg.name}/versions/{reg.version}"
     return out
 
 
@@ -167,7 +167,7 @@ def format_run_summary(s: RunSummary) -> str:
     lines.append(f"  model: {_model_line(s)}")
     dec = s.decision
     if dec:
-        lines.append(f"  promotion: {dec['decision']} — {dec['reason']}")
+        lines.append(f"  promotion: {dec.decision} — {dec.reason}")
     for folder, files in s.reports.items():
         lines.append(f"  reports: {folder}/ ({', '.join(files)})")
     lines.append("  compare: `dvc metrics diff`, `dvc plots show` (dvc_plots/index.html), `dvc exp show`")
@@ -201,7 +201,7 @@ def summary_markdown(s: RunSummary) -> str:
     out += ["", f"**Model:** {_model_line(s)}"]
     dec = s.decision
     if dec:
-        out.append(f"**Promotion:** {dec['decision']} — {dec['reason']}")
+        out.append(f"**Promotion:** {dec.decision} — {dec.reason}")
     out += ["", "| stage | status | seconds | note |", "|---|---|---:|---|"]
     for st in s.stages:
         note = f"outputs from run {st.produced_by}" if st.produced_by else ""

@@ -29,15 +29,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from components.overrides import check_remote_overrides, write_overrides
-from components.params import Params
-from components.params_load import load_params, params_in
-from components.tracking import repo_root
+from components.common.params import Params
+from components.common.params_load import load_params, params_in
+from components.common.tracking import repo_root
 from pipelines import dvc_ops, lineage
 from pipelines.dvc_ops import (
     StageFailed,
@@ -53,8 +51,9 @@ from pipelines.dvc_ops import (
     stage_status,
 )
 from pipelines.lineage import FLOW_NAME, PipelineRun, failure_recorded, flow_run_name, parent_run
+from pipelines.params.overrides import check_remote_overrides, write_overrides
 from pipelines.placement import submit
-from pipelines.results import RunSummary, StageResult, failure_message
+from pipelines.results import Decision, NotRegistered, Registration, RunSummary, StageResult, failure_message
 from pipelines.runlock import pipeline_lock
 from pipelines.runtime import prefect_api_log
 from pipelines.summary import links, publish_failure, publish_mlflow, run_summary, summary_markdown
@@ -156,36 +155,36 @@ def record_lineage(run: PipelineRun, stages: list[StageResult], params: Params) 
 
 
 @task(name="register", task_run_name="register", cache_policy=NO_CACHE)
-def register_model(params: Params, lineage_tags: dict[str, str], pushed: str, run: PipelineRun) -> dict[str, Any]:
+def register_model(
+    params: Params, lineage_tags: dict[str, str], pushed: str, run: PipelineRun
+) -> Registration | NotRegistered:
     """A new model version (once per dvc.lock), aliased challenger; not when registration is off or
     `dvc push` failed (a version whose outputs are not in the remote could not be restored)."""
     if not params.register.enabled:
-        return {"skipped": "register.enabled is false"}
+        return NotRegistered("register.enabled is false")
     if pushed.startswith("failed"):
-        return {"skipped": f"dvc push failed, so the outputs are not in the remote ({pushed})"}
-    from components.promotion import as_dict
-    from components.registry import register
+        return NotRegistered(f"dvc push failed, so the outputs are not in the remote ({pushed})")
+    from pipelines.registry import register
 
-    return as_dict(register(params, lineage.version_tags(lineage_tags, run), run.run_id, run.root))
+    return register(params, lineage.version_tags(lineage_tags, run), run.run_id, run.root)
 
 
 @task(name="promote", task_run_name="promote", cache_policy=NO_CACHE)
-def promote_model(params: Params, registration: dict[str, Any], run: PipelineRun) -> dict[str, Any] | None:
+def promote_model(params: Params, registration: Registration | NotRegistered, run: PipelineRun) -> Decision | None:
     """The promotion gate: champion moves to the new version only if it is significantly better."""
-    if "skipped" in registration:
+    if isinstance(registration, NotRegistered):
         return None
-    from components.promotion import as_dict, gate, print_decision
-    from components.registry import Registration
+    from pipelines.promotion import gate, print_decision
 
-    decision = gate(params, Registration(**registration), run.root)
+    decision = gate(params, registration, run.root)
     print_decision(decision)
-    return as_dict(decision)
+    return decision
 
 
 @task(name="summary", task_run_name="summary", cache_policy=NO_CACHE)
 def summarize_run(
     run: PipelineRun, params: Params, stages: list[StageResult], pulled: str, pushed: str,
-    registration: dict[str, Any], decision: dict[str, Any] | None, overrides: list[str],
+    registration: Registration | NotRegistered, decision: Decision | None, overrides: list[str],
 ) -> RunSummary:
     return run_summary(run, params, stages, pulled, pushed, registration, decision, overrides)
 

@@ -23,11 +23,11 @@ import subprocess
 import sys
 from typing import Any
 
-from components.config import load_params
-from components.tracking import resolve_artifact_location, resolve_tracking_uri
+from components.common.tracking import resolve_artifact_location, resolve_tracking_uri
+from pipelines.params.config import load_params
 
 
-def server_command(uri: str, artifact_root: str | None, host: str, port: int) -> list[str]:
+def mlflow_server_command(uri: str, artifact_root: str | None, host: str, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
     if artifact_root:
         cmd += ["--default-artifact-root", artifact_root]
@@ -40,7 +40,7 @@ def cli_ui(args: argparse.Namespace) -> int:
     if uri.startswith(("http://", "https://")):
         print(f"tracking URI {uri} is an MLflow server already: open it in a browser")
         return 0
-    cmd = server_command(uri, resolve_artifact_location(params, uri), args.host, args.port)
+    cmd = mlflow_server_command(uri, resolve_artifact_location(params, uri), args.host, args.port)
     print(f"MLflow UI for {uri} on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
     env = {
         **os.environ,

@@ -70,7 +70,7 @@ def prefect_temporary_server_stopped_at_the_end():
 
 def _reset_mlflow_globals() -> None:
     """mlflow.set_tracking_uri() sets a process-wide value that beats MLFLOW_TRACKING_URI; a test
-    that called it (directly or through components.tracking) must not leak it into the next test."""
+    that called it (directly or through components.common.tracking) must not leak it into the next test."""
     mlflow = sys.modules.get("mlflow")
     if mlflow is None:
         return

@@ -59,7 +59,7 @@ def git(repo: Path, *args: str) -> str:
 
 def make_project_repo(path: Path, overrides: list[str] = (), with_flows: bool = False) -> Path:
     """The checkout; `with_flows` adds pipelines/ and infra/prefect.yaml (to deploy from it)."""
-    from components.config import write_overrides
+    from pipelines.params.config import write_overrides
 
     path.mkdir(parents=True)
     for package in ("components", "pipelines") if with_flows else ("components",):

@@ -52,3 +52,20 @@ def test_schedule_help_says_what_it_does_and_what_stops_it():
     text = " ".join(out.split())
     assert "cron schedule" in text and "PREFECT_API_URL" in text and "temporary server" in text
     assert "Ctrl-C or SIGTERM stops it" in text
+
+
+def test_params_options_match_the_stages():
+    """`grpoflow`'s --params/-S options repeat components.common.entry.add_params_args (so that
+    --help stays light): the same flags, destinations, defaults and actions."""
+    import argparse
+
+    from components.common.entry import add_params_args
+    from pipelines import cli
+
+    def options(add):
+        parser = argparse.ArgumentParser()
+        add(parser)
+        return sorted((tuple(a.option_strings), a.dest, repr(a.default), type(a).__name__, a.metavar)
+                      for a in parser._actions if a.option_strings and a.dest != "help")
+
+    assert options(cli._add_params) == options(add_params_args)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.config import SECTIONS, ConfigError, load_params, parse_override
+from pipelines.params.config import SECTIONS, ConfigError, load_params, parse_override
+from pipelines.params.help import HELP
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,18 +22,18 @@ def test_repo_params_load_and_match_dataclass_defaults():
     for name, cls in SECTIONS.items():
         section = getattr(params, name)
         assert isinstance(section, cls)
-        # params.yaml spells out every field of the schema (components/params.py).
+        # params.yaml spells out every field of the schema (components/common/params.py).
         assert set(raw[name]) == {f.name for f in dataclasses.fields(cls)}, name
 
 
 def test_config_command_explains_every_key_as_yaml():
-    """`python -m components.config` prints the effective params as YAML (what the slow tests and a
+    """`python -m pipelines.params.config` prints the effective params as YAML (what the slow tests and a
     user's script parse), each key preceded by its help text as a comment."""
     import subprocess
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "components.config", "-S", "grpo.beta=0.0", "-S", "sft.trainer.max_steps=7"],
+        [sys.executable, "-m", "pipelines.params.config", "-S", "grpo.beta=0.0", "-S", "sft.trainer.max_steps=7"],
         cwd=REPO, capture_output=True, text=True, check=True,
     ).stdout
     expected = load_params(None, ["grpo.beta=0.0", "sft.trainer.max_steps=7"])
@@ -46,7 +47,7 @@ def test_config_command_explains_every_key_as_yaml():
         elif m := re.match(r"^  (\w+):", line):
             explained[f"{section}.{m.group(1)}"], comment = " ".join(comment), []
     assert explained == {
-        f"{name}.{f.name}": " ".join(f.metadata["help"].split()) for name, cls in SECTIONS.items()
+        f"{name}.{f.name}": " ".join(HELP[f"{name}.{f.name}"].split()) for name, cls in SECTIONS.items()
         for f in dataclasses.fields(cls)
     }
 
@@ -67,9 +68,30 @@ def test_every_params_key_has_a_comment_and_help():
     for line in (REPO / "params.yaml").read_text().splitlines():
         if re.match(r"^\s+\w+:\s*\S", line):
             assert "#" in line, f"params.yaml line without a comment: {line!r}"
+    keys = {f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+    assert sorted(k for k in keys if not HELP.get(k, "").strip()) == [], "fields without help in pipelines/params/help.py"
+    assert sorted(set(HELP) - keys) == [], "help for keys the schema does not have"
+    assert list(HELP) == [k for name, cls in SECTIONS.items() for k in (f"{name}.{f.name}" for f in dataclasses.fields(cls))]
+
+
+def test_help_text_is_no_field_metadata():
+    """Help lives in pipelines/params/help.py only, so editing a sentence changes no stage's code dep."""
     for cls in SECTIONS.values():
-        for f in dataclasses.fields(cls):
-            assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
+        assert [f.name for f in dataclasses.fields(cls) if "help" in f.metadata] == []
+
+
+def test_every_remote_override_pattern_names_a_key():
+    """REMOTE_OVERRIDES follows the schema: a pattern that matches no key (a renamed field) is an error."""
+    import fnmatch
+
+    from pipelines.params.overrides import REMOTE_OVERRIDES
+
+    keys = [f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+    mappings = {f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+                if f.default_factory is not dataclasses.MISSING and isinstance(f.default_factory(), dict)}
+    unknown = [p for p in REMOTE_OVERRIDES if not any(fnmatch.fnmatchcase(k, p) for k in keys)
+               and not any(p.startswith(m + ".") for m in mappings)]
+    assert unknown == []
 
 
 @pytest.mark.parametrize(
@@ -113,7 +135,7 @@ def test_missing_params_file_is_an_error(tmp_path):
 
 
 def test_int_accepted_for_float_but_bool_rejected_for_int():
-    from components.params_rules import coerce as _coerce
+    from components.common.params_rules import coerce as _coerce
 
     assert _coerce("k", 1, float) == 1.0
     with pytest.raises(ConfigError):
@@ -164,10 +186,28 @@ def test_default_and_ordinary_paths_pass(tmp_path):
     ],
 )
 def test_remote_runs_may_only_override_the_allow_list(override, ok):
-    from components.config import check_remote_overrides
+    from pipelines.params.config import check_remote_overrides
 
     if ok:
         check_remote_overrides([override])
     else:
         with pytest.raises(ConfigError, match="remote run"):
             check_remote_overrides([override])
+
+
+def test_params_yaml_is_parsed_once_per_content(tmp_path, monkeypatch):
+    """A process that loads the same params file again (the CLI, the run lock, the flow) parses it once;
+    a rewritten file is parsed again, and no caller shares another's objects."""
+    from components.common import params_load
+
+    parsed = []
+    real = params_load.yaml.safe_load
+    monkeypatch.setattr(params_load.yaml, "safe_load", lambda text: parsed.append(text) or real(text))
+    p = tmp_path / "params.yaml"
+    p.write_text("data:\n  seed: 1\n  output_dir: d\n")
+    a, b = load_params(p), load_params(p)
+    assert a.data.seed == b.data.seed == 1 and len(parsed) == 1
+    a.data.seed = 5
+    assert load_params(p).data.seed == 1
+    p.write_text("data:\n  seed: 2\n  output_dir: d\n")
+    assert load_params(p).data.seed == 2 and len(parsed) == 2

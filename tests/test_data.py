@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from components.config import DataParams, load_params
-from components.data import DataError, run
+from components.data import DataError, write_splits
+from pipelines.params.config import DataParams, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def cfg(tmp_path: Path, **kw) -> DataParams:
 
 
 def test_jsonl_source_converts_gsm8k_rows(tmp_path):
-    stats = run(cfg(tmp_path))
+    stats = write_splits(cfg(tmp_path))
     rows = read_jsonl(tmp_path / "out" / "train.jsonl")
     assert [r["gold"] for r in rows] == ["72", "12000", "2.5"]
     assert rows[0]["solution"].startswith("Natalia sold 48/2 = 24 clips in May.")
@@ -71,13 +71,13 @@ def test_jsonl_source_converts_gsm8k_rows(tmp_path):
 
 def test_synthetic_is_seeded_disjoint_and_in_gsm8k_format(tmp_path):
     c = DataParams(synthetic_train_size=300, synthetic_test_size=100, output_dir=str(tmp_path / "a"))
-    run(c)
+    write_splits(c)
     first = (tmp_path / "a" / "train.jsonl").read_bytes()
     c2 = DataParams(synthetic_train_size=300, synthetic_test_size=100, output_dir=str(tmp_path / "b"))
-    run(c2)
+    write_splits(c2)
     assert (tmp_path / "b" / "train.jsonl").read_bytes() == first
     c3 = DataParams(synthetic_train_size=300, synthetic_test_size=100, seed=99, output_dir=str(tmp_path / "c"))
-    run(c3)
+    write_splits(c3)
     assert (tmp_path / "c" / "train.jsonl").read_bytes() != first
     train = read_jsonl(tmp_path / "a" / "train.jsonl")
     test = read_jsonl(tmp_path / "a" / "test.jsonl")
@@ -86,7 +86,7 @@ def test_synthetic_is_seeded_disjoint_and_in_gsm8k_format(tmp_path):
     # The raw generator writes GSM8K's own answer format; the gold answer is the last step's result.
     import random
 
-    from components.synthetic import synthetic_problem
+    from components.problems.synthetic import synthetic_problem
 
     prob = synthetic_problem(random.Random(0))
     assert "<<" in prob["answer"] and prob["answer"].splitlines()[-1].startswith("#### ")
@@ -108,11 +108,11 @@ def test_synthetic_is_seeded_disjoint_and_in_gsm8k_format(tmp_path):
 )
 def test_bad_rows_fail_with_file_line_and_leave_outputs(tmp_path, bad_line, reason):
     good = cfg(tmp_path)
-    run(good)
+    write_splits(good)
     before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
     bad_file = write_jsonl(tmp_path / "bad.jsonl", GSM8K_ROWS, [bad_line])
     with pytest.raises(DataError) as err:
-        run(cfg(tmp_path, train_source=f"jsonl:{bad_file}"))
+        write_splits(cfg(tmp_path, train_source=f"jsonl:{bad_file}"))
     assert f"{bad_file}:4: {reason}" in str(err.value)
     assert "1 bad row(s)" in str(err.value)
     after = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
@@ -122,7 +122,7 @@ def test_bad_rows_fail_with_file_line_and_leave_outputs(tmp_path, bad_line, reas
 
 def test_skip_mode_drops_and_counts(tmp_path):
     bad_file = write_jsonl(tmp_path / "bad.jsonl", GSM8K_ROWS, ["{oops", json.dumps({"question": "Q"})])
-    stats = run(cfg(tmp_path, train_source=f"jsonl:{bad_file}", on_bad_rows="skip"))
+    stats = write_splits(cfg(tmp_path, train_source=f"jsonl:{bad_file}", on_bad_rows="skip"))
     assert stats["counts"]["train"] == 3
     assert stats["dropped"]["train"]["count"] == 2
     assert stats["dropped"]["train"]["rows"][0].startswith(f"{bad_file}:4: invalid JSON")
@@ -131,7 +131,7 @@ def test_skip_mode_drops_and_counts(tmp_path):
 def test_many_bad_rows_are_counted(tmp_path):
     bad_file = write_jsonl(tmp_path / "bad.jsonl", [], ["{x"] * 25)
     with pytest.raises(DataError, match=r"25 bad row\(s\)[\s\S]*and 15 more"):
-        run(cfg(tmp_path, train_source=f"jsonl:{bad_file}"))
+        write_splits(cfg(tmp_path, train_source=f"jsonl:{bad_file}"))
 
 
 def test_overlap_fails_unless_allowed(tmp_path):
@@ -141,15 +141,15 @@ def test_overlap_fails_unless_allowed(tmp_path):
                                 "altogether in April and May?", "answer": "#### 72"}]
     )
     with pytest.raises(DataError, match=r"train\.jsonl:1: question also in the test split at .*t\.jsonl:1"):
-        run(cfg(tmp_path, test_source=f"jsonl:{test_file}"))
+        write_splits(cfg(tmp_path, test_source=f"jsonl:{test_file}"))
     assert not (tmp_path / "out").exists()
-    stats = run(cfg(tmp_path, test_source=f"jsonl:{test_file}", allow_overlap=True))
+    stats = write_splits(cfg(tmp_path, test_source=f"jsonl:{test_file}", allow_overlap=True))
     assert stats["counts"] == {"train": 3, "test": 1}
 
 
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(DataError, match=r"nope\.jsonl: file not found"):
-        run(cfg(tmp_path, train_source=f"jsonl:{tmp_path / 'nope.jsonl'}"))
+        write_splits(cfg(tmp_path, train_source=f"jsonl:{tmp_path / 'nope.jsonl'}"))
 
 
 def test_hf_source_from_a_local_dataset(tmp_path):
@@ -165,14 +165,14 @@ def test_hf_source_from_a_local_dataset(tmp_path):
     write_jsonl(tmp_path / "files" / "test.jsonl", TEST_ROWS)
     for src in (f"hf:{tmp_path / 'saved'}", f"hf:{tmp_path / 'files'}"):
         out = tmp_path / ("out-" + Path(src).name)
-        stats = run(DataParams(train_source=src, test_source=src, output_dir=str(out)))
+        stats = write_splits(DataParams(train_source=src, test_source=src, output_dir=str(out)))
         assert stats["counts"] == {"train": 3, "test": 1}
         assert [r["gold"] for r in read_jsonl(out / "train.jsonl")] == ["72", "12000", "2.5"]
 
 
 def test_hf_hub_unreachable_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match=r"hf:openai/gsm8k:main: could not load split 'test'"):
-        run(DataParams(train_source="synthetic", test_source="hf:openai/gsm8k:main", output_dir=str(tmp_path / "o")))
+        write_splits(DataParams(train_source="synthetic", test_source="hf:openai/gsm8k:main", output_dir=str(tmp_path / "o")))
 
 
 def test_cli_reports_file_line_and_exit_code(tmp_path):
@@ -239,7 +239,7 @@ def test_synthetic_difficulty_params_bound_both_splits(tmp_path):
         synthetic_max_number=5,
         output_dir=str(tmp_path / "easy"),
     )
-    run(c)
+    write_splits(c)
     for split in ("train", "test"):
         for row in read_jsonl(tmp_path / "easy" / f"{split}.jsonl"):
             assert len(row["solution"].splitlines()) == 1  # one step
@@ -251,7 +251,7 @@ def test_synthetic_difficulty_params_bound_both_splits(tmp_path):
 def test_synthetic_generator_defaults_draw_the_original_stream():
     import random
 
-    from components.synthetic import synthetic_problem
+    from components.problems.synthetic import synthetic_problem
 
     a, b = random.Random(7), random.Random(7)
     assert [synthetic_problem(a) for _ in range(50)] == [synthetic_problem(b, 3, 20) for _ in range(50)]
@@ -268,7 +268,7 @@ def steps(row: dict[str, str]) -> int:
 
 
 def test_grpo_split_is_the_demonstrations_questions_by_default(tmp_path):
-    stats = run(synthetic_cfg(tmp_path))
+    stats = write_splits(synthetic_cfg(tmp_path))
     train, grpo = read_jsonl(tmp_path / "out" / "train.jsonl"), read_jsonl(tmp_path / "out" / "grpo.jsonl")
     assert [(r["id"], r["question"], r["gold"]) for r in grpo] == [(r["id"], r["question"], r["gold"]) for r in train]
     assert {r["solution"] for r in grpo} == {""} and all(r["solution"] for r in train)
@@ -276,7 +276,7 @@ def test_grpo_split_is_the_demonstrations_questions_by_default(tmp_path):
 
 
 def test_synthetic_answer_only_problems_come_from_a_harder_band_sft_never_sees(tmp_path):
-    stats = run(synthetic_cfg(tmp_path, synthetic_answer_only_size=150, synthetic_answer_only_min_steps=3,
+    stats = write_splits(synthetic_cfg(tmp_path, synthetic_answer_only_size=150, synthetic_answer_only_min_steps=3,
                               synthetic_answer_only_max_steps=4, synthetic_test_max_steps=4))
     out = tmp_path / "out"
     train, grpo, test = (read_jsonl(out / f"{s}.jsonl") for s in ("train", "grpo", "test"))
@@ -289,7 +289,7 @@ def test_synthetic_answer_only_problems_come_from_a_harder_band_sft_never_sees(t
     assert len({r["id"] for r in train + grpo}) == 350
     # the demonstrations are exactly what they were without answer-only problems
     assert read_jsonl(out / "train.jsonl") == train
-    run(synthetic_cfg(tmp_path, synthetic_test_max_steps=4))
+    write_splits(synthetic_cfg(tmp_path, synthetic_test_max_steps=4))
     assert read_jsonl(out / "train.jsonl") == train
 
 
@@ -297,18 +297,18 @@ def test_answer_only_share_withholds_solutions_of_jsonl_train_rows(tmp_path):
     rows = [{"question": f"Tom has {i} pens and buys 2. How many now?", "answer": f"{i}+2={i + 2}\n#### {i + 2}"}
             for i in range(40)]
     source = f"jsonl:{write_jsonl(tmp_path / 'many.jsonl', rows)}"
-    stats = run(cfg(tmp_path, train_source=source, answer_only_share=0.25, seed=7))
+    stats = write_splits(cfg(tmp_path, train_source=source, answer_only_share=0.25, seed=7))
     train, grpo = read_jsonl(tmp_path / "out" / "train.jsonl"), read_jsonl(tmp_path / "out" / "grpo.jsonl")
     assert len(train) == 30 and len(grpo) == 10 and stats["counts"]["train"] == 30
     assert {r["solution"] for r in grpo} == {""} and not ({r["id"] for r in train} & {r["id"] for r in grpo})
     assert sorted(r["id"] for r in train + grpo) == sorted(f"train-{i}" for i in range(1, 41))
     assert [r["id"] for r in grpo] != [f"train-{i}" for i in range(31, 41)]  # drawn, not the tail
-    run(cfg(tmp_path, train_source=source, answer_only_share=0.25, seed=7))
+    write_splits(cfg(tmp_path, train_source=source, answer_only_share=0.25, seed=7))
     assert read_jsonl(tmp_path / "out" / "grpo.jsonl") == grpo  # same seed, same split
 
 
 def test_answer_only_settings_fail_early_naming_the_key(tmp_path):
-    from components.errors import ConfigError
+    from components.common.errors import ConfigError
 
     with pytest.raises(ConfigError, match="synthetic_answer_only_min_steps .* is above"):
         load_params(None, ["data.synthetic_answer_only_min_steps=4", "data.synthetic_answer_only_max_steps=2"])
@@ -329,7 +329,7 @@ BANDED_ROWS = [
 
 
 def test_steps_are_counted_from_annotations_lines_or_unbanded(tmp_path):
-    stats = run(cfg(tmp_path, train_source=f"jsonl:{write_jsonl(tmp_path / 'banded.jsonl', BANDED_ROWS)}"))
+    stats = write_splits(cfg(tmp_path, train_source=f"jsonl:{write_jsonl(tmp_path / 'banded.jsonl', BANDED_ROWS)}"))
     rows = read_jsonl(tmp_path / "out" / "train.jsonl")
     assert [r["steps"] for r in rows] == [1, 2, 3, 4, 3, None]
     assert stats["steps"]["train"] == {"1": 1, "2": 1, "3": 2, "4": 1, "unbanded": 1}
@@ -338,7 +338,7 @@ def test_steps_are_counted_from_annotations_lines_or_unbanded(tmp_path):
 
 def test_step_bands_split_any_source_into_demonstrations_and_answer_only_problems(tmp_path, capsys):
     source = f"jsonl:{write_jsonl(tmp_path / 'banded.jsonl', BANDED_ROWS)}"
-    stats = run(cfg(tmp_path, train_source=source, demo_max_steps=2, answer_only_min_steps=4))
+    stats = write_splits(cfg(tmp_path, train_source=source, demo_max_steps=2, answer_only_min_steps=4))
     train, grpo = read_jsonl(tmp_path / "out" / "train.jsonl"), read_jsonl(tmp_path / "out" / "grpo.jsonl")
     assert [(r["question"][:2], r["steps"]) for r in train] == [("Q1", 1), ("Q2", 2)]
     # 4 annotations and the answer-only row go to GRPO without their solution; the 3-step rows to neither
@@ -348,11 +348,11 @@ def test_step_bands_split_any_source_into_demonstrations_and_answer_only_problem
 
 
 def test_step_bands_that_overlap_or_leave_no_demonstration_fail_naming_the_keys(tmp_path):
-    from components.errors import ConfigError
+    from components.common.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"data.answer_only_min_steps \(2\) must be above data.demo_max_steps \(2\)"):
         load_params(None, ["data.demo_max_steps=2", "data.answer_only_min_steps=2"])
     source = f"jsonl:{write_jsonl(tmp_path / 'banded.jsonl', BANDED_ROWS)}"
     with pytest.raises(DataError, match="no demonstrations left for SFT .*data.answer_only_min_steps=1"):
-        run(cfg(tmp_path, train_source=source, answer_only_min_steps=1))
+        write_splits(cfg(tmp_path, train_source=source, answer_only_min_steps=1))
     assert not (tmp_path / "out").exists()  # nothing half-written

@@ -165,7 +165,7 @@ OVERRIDDEN = [(page, argv) for page, argv in COMMANDS if overrides(argv)]
 
 @pytest.mark.parametrize("page, argv", OVERRIDDEN, ids=ids(OVERRIDDEN))
 def test_overrides_in_commands_load(page, argv):
-    from components.config import load_params
+    from pipelines.params.config import load_params
 
     load_params(None, overrides(argv))  # raises ConfigError naming the key
 
@@ -175,8 +175,8 @@ INLINE_OVERRIDE = re.compile(r'`[^`\n]*?-S "?([a-z_]+\.[\w.]+=[^`"\s]*)"?[^`\n]*
 
 def test_inline_overrides_load():
     """`-S key=value` in the prose (inline code) names a real params key with a valid value."""
-    from components.config import load_params
-    from components.errors import ConfigError
+    from components.common.errors import ConfigError
+    from pipelines.params.config import load_params
 
     found = [(p.name, m) for p in PAGES for m in INLINE_OVERRIDE.findall(p.read_text())]
     assert len(found) >= 8
@@ -235,3 +235,18 @@ def test_links_resolve_and_every_page_is_linked_from_the_readme():
 
 def test_readme_fits_one_screen():
     assert len(README.read_text().splitlines()) < README_MAX_LINES
+
+
+def test_the_rerun_claim_of_grpo_keys_follows_dvc_yaml():
+    """docs/pipeline.md names the grpo keys that also re-run selection and evaluate (it once said a
+    grpo change re-ran grpo and evaluate only)."""
+    import yaml
+
+    text = " ".join((REPO / "docs" / "pipeline.md").read_text().split())
+    claim = text[text.index("Changing a `grpo.*` param"):]
+    claim = claim[:claim.index("A run with nothing changed")]
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    grpo_keys = {s: {p for p in e.get("params", []) if isinstance(p, str) and p.startswith("grpo.")} for s, e in stages.items()}
+    assert set(re.findall(r"`(grpo\.[\w.]+)`", claim)) == grpo_keys["selection"] | grpo_keys["evaluate"]
+    assert grpo_keys["evaluate"] == {"grpo.temperature"} and "`evaluate` also reads `grpo.temperature`" in claim
+    assert [s for s, e in stages.items() if "grpo" in e.get("params", [])] == ["grpo"]

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from components import gsm8k
-from components.config import DataParams
-from components.endpoint import connect
-from components.errors import BackendError
-from components.scoring import sample_seeds
+from components.common.errors import BackendError
+from components.evaluation.endpoint import connect
+from components.evaluation.scoring import sample_seeds
+from components.problems import gsm8k
 from pipelines import cli
+from pipelines.params.config import DataParams
 from tests.servers import refused_port
 
 
@@ -111,7 +111,7 @@ def problems(tmp_path, monkeypatch) -> tuple[Path, list[dict]]:
     from components import data
 
     monkeypatch.chdir(tmp_path)  # the checkout params are loaded for: stage paths live inside it
-    data.run(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=20, synthetic_test_size=8))
+    data.write_splits(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=20, synthetic_test_size=8))
     rows = [json.loads(line) for line in (tmp_path / "data/test.jsonl").read_text().splitlines()]
     return tmp_path / "data", rows
 
@@ -186,9 +186,9 @@ def test_served_weights_come_from_safetensors_only(tmp_path):
     (a pickled *.bin beside the weights is never loaded)."""
     import sys
 
-    from components.vllm_backend import server_command
+    from components.evaluation.vllm_backend import vllm_server_command
 
-    cmd = server_command(str(tmp_path), served_names=["m"], host="127.0.0.1", port=8000, dtype="float32", seed=0,
+    cmd = vllm_server_command(str(tmp_path), served_names=["m"], host="127.0.0.1", port=8000, dtype="float32", seed=0,
                          vllm_python=sys.executable, vllm_args={"load_format": "pt", "max_num_seqs": 4})
     assert cmd[cmd.index("--load-format") + 1] == "safetensors" and cmd.count("--load-format") == 1
     assert cmd[cmd.index("--max-num-seqs") + 1] == "4"

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from components import evaluate, lm_eval_gsm8k, metrics, scoring
-from components.config import DataParams, ModelParams, load_params
-from components.errors import BackendError, DataError
-from components.sources import load_problems
+from components import evaluate
+from components.common.errors import BackendError, DataError
+from components.evaluation import lm_eval_gsm8k, metrics, scoring
+from components.problems.sources import load_problems
 from pipelines import cli
+from pipelines.params.config import DataParams, ModelParams, load_params
 
 # A tiny Qwen2 (head_dim 32, a size vLLM's CPU kernels support): builds in about a second.
 TINY = dict(tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=128)
@@ -32,10 +33,10 @@ def workspace(tmp_path_factory):
     """Prepared synthetic data and three tiny models (seeds differ) in a scratch repo folder."""
     from components import data
     from components import model as model_stage
-    from components.modelio import save_model
+    from components.models.modelio import save_model
 
     root = tmp_path_factory.mktemp("evalrepo")
-    data.run(
+    data.write_splits(
         DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=60, synthetic_test_size=12)
     )
     for name, seed in (("base", 0), ("sft", 1), ("grpo", 2)):
@@ -117,7 +118,7 @@ def test_compare_pairs_items_by_id():
 
 def test_lm_eval_prompt_is_the_harness_text_and_sampler():
     docs = [{"question": f"Q{i}?", "answer": f"step {i} <<{i}*1={i}>>{i}\n#### {i}"} for i in range(30)]
-    prompts = lm_eval_gsm8k.build_prompts(["What is 2+2?", "What is 3+3?"], docs, num_fewshot=5, seed=1234)
+    prompts = lm_eval_gsm8k.build_fewshot_prompts(["What is 2+2?", "What is 3+3?"], docs, num_fewshot=5, seed=1234)
     rnd = random.Random(1234)  # the harness: one generator, 5 draws per test problem, in order
     for prompt, question in zip(prompts, ["What is 2+2?", "What is 3+3?"], strict=True):
         shots = rnd.sample(docs, 5)
@@ -125,7 +126,7 @@ def test_lm_eval_prompt_is_the_harness_text_and_sampler():
         assert prompt == expected + f"Question: {question}\nAnswer:"
     assert prompts[0] != prompts[1]
     with pytest.raises(ValueError, match="5-shot"):
-        lm_eval_gsm8k.build_prompts(["q"], docs[:3], num_fewshot=5)
+        lm_eval_gsm8k.build_fewshot_prompts(["q"], docs[:3], num_fewshot=5)
 
 
 @pytest.mark.parametrize(
@@ -248,8 +249,8 @@ def test_cli_lm_eval_protocol(workspace, tmp_path, capsys):
 
 
 def test_long_prompts_keep_their_last_tokens(workspace):
-    from components.generation import BackendError, encode_prompts
-    from components.modelio import load_tokenizer
+    from components.evaluation.generation import BackendError, encode_prompts
+    from components.models.modelio import load_tokenizer
 
     tok = load_tokenizer(workspace / "models/sft")
     short, long = "Question: 1 + 1?\nAnswer:", "filler " * 400 + "Question: 2 + 2?\nAnswer:"
@@ -285,11 +286,11 @@ def test_cli_malformed_data_fails_clearly(workspace, tmp_path, capsys):
 
 def test_cli_on_registered_model_matches_the_folder(workspace, tmp_path, capsys):
     """models:/NAME@ALIAS of a version registered by the project's own registration step
-    (components.registry.register, as the pipeline does) answers as the folder it came from."""
+    (pipelines.registry.register, as the pipeline does) answers as the folder it came from."""
     import mlflow
 
-    from components.registry import register
-    from components.tracking import configure
+    from components.common.tracking import configure
+    from pipelines.registry import register
 
     src = workspace / "models/grpo"
     evaluated = workspace / "reports/registered"  # the evaluation registration needs beside the model
@@ -406,7 +407,7 @@ def test_backend_auto_falls_back_to_transformers_saying_why(workspace, tmp_path,
     """No vLLM here (or a vLLM run that fails): `auto` evaluates on transformers and logs the reason."""
     import sys
 
-    from components.generation import GenerationSettings, generate, vllm_importable
+    from components.evaluation.generation import GenerationSettings, generate, vllm_importable
 
     if vllm_importable():
         pytest.skip("vLLM is importable in this environment")
@@ -443,7 +444,7 @@ def test_failed_stage_leaves_previous_reports(workspace, tmp_path, capsys):
 
 
 def test_config_rejects_bad_values():
-    from components.config import ConfigError
+    from pipelines.params.config import ConfigError
 
     with pytest.raises(ConfigError, match="evaluate.backend"):
         load_params(None, ["evaluate.backend=tgi"])
@@ -471,7 +472,7 @@ def test_vllm_processes_do_not_print_the_known_harmless_reduce_op_warning():
     import subprocess
     import sys
 
-    from components.vllm_backend import worker_env
+    from components.evaluation.vllm_backend import worker_env
 
     touch = "import torch.distributed as d; d.reduce_op.SUM; import warnings; warnings.warn('other', FutureWarning)"
 

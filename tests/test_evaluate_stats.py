@@ -1,4 +1,4 @@
-"""components/stats.py against published values and basic properties.
+"""components/evaluation/stats.py against published values and basic properties.
 
     pytest -q tests/test_evaluate_stats.py
 """
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from components.stats import (
+from components.evaluation.stats import (
     compare_paired,
     compare_paired_means,
     majority_vote,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from components import lm_eval_gsm8k, scoring
-from components.config import DataParams, ModelParams, load_params
-from components.errors import EvaluationError
+from components.common.errors import EvaluationError
+from components.evaluation import lm_eval_gsm8k, scoring
 from pipelines import cli
+from pipelines.params.config import DataParams, ModelParams, load_params
 
 TINY = dict(tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=128)
 
@@ -89,7 +89,7 @@ def test_scoring_uses_the_params(layout, monkeypatch):
 def tiny_model(tmp_path_factory):
     from components import data
     from components import model as model_stage
-    from components.modelio import save_model
+    from components.models.modelio import save_model
 
     root = tmp_path_factory.mktemp("fewshot")
     data.run(DataParams(output_dir=str(root / "prep"), synthetic_train_size=40, synthetic_test_size=4))

@@ -1,4 +1,4 @@
-"""components/files.py: atomic outputs leave the previous output intact on failure, JSONL errors
+"""components/common/files.py: atomic outputs leave the previous output intact on failure, JSONL errors
 name the file and line, hashes are stable."""
 
 from __future__ import annotations
@@ -7,8 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from components.errors import InputError
-from components.files import read_jsonl, replace_dir, sha256_tree, tree_digest, write_bytes, write_files
+from components.common.errors import InputError
+from components.common.files import (
+    read_jsonl,
+    replace_dir,
+    sha256_tree,
+    tree_digest,
+    write_bytes,
+    write_files,
+)
 
 
 def test_replace_dir_keeps_the_old_folder_on_failure(tmp_path):

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from components.config import ConfigError, write_overrides
 from pipelines.dvc_ops import LineLog, StageFailed, stage_order
 from pipelines.lineage import PipelineRun
+from pipelines.params.config import ConfigError, write_overrides
 from pipelines.runlock import PipelineLocked, pipeline_lock
 from pipelines.training import run_stage, training_pipeline
 from tests.toy_repo import make_tiny_model, make_toy_repo, write_toy_params
@@ -146,8 +146,8 @@ def test_training_flow_end_to_end(toy):
     # Run 1: everything runs, v1 is registered and becomes champion.
     s1 = training_pipeline()
     assert [(s.stage, s.status) for s in s1.stages] == [("prepare", "ran"), ("grpo", "ran"), ("evaluate", "ran")]
-    assert s1.registration["created"] and s1.registration["version"] == "1"
-    assert s1.decision["decision"] == "promoted"
+    assert s1.registration.created and s1.registration.version == "1"
+    assert s1.decision.decision == "promoted"
     assert s1.push.startswith("pushed") and any((toy.parent / "dvc-remote").iterdir())
 
     client = mlflow.MlflowClient()
@@ -184,7 +184,7 @@ def test_training_flow_end_to_end(toy):
     assert {s.stage: s.produced_by for s in s2.stages} == {
         k: v.info.run_id for k, v in children.items()
     }
-    assert not s2.registration["created"]
+    assert not s2.registration.created
     assert len(client.search_model_versions("name = 'grpoflow-policy'")) == 1
     # ... and started no DVC process: one in-process `dvc status`, no pull, no push of the same dvc.lock.
     assert s2.pull.startswith("skipped: nothing changed") and s2.push.startswith("skipped: this dvc.lock")
@@ -194,7 +194,7 @@ def test_training_flow_end_to_end(toy):
     write_toy_params(toy, skill=31)
     s3 = training_pipeline()
     assert [s.status for s in s3.stages] == ["skipped", "ran", "ran"]
-    assert s3.registration["version"] == "2" and s3.decision["decision"] == "rejected"
+    assert s3.registration.version == "2" and s3.decision.decision == "rejected"
     assert "champion v1 kept" in client.get_model_version("grpoflow-policy", "2").tags["promotion.reason"]
     assert str(client.get_model_version_by_alias("grpoflow-policy", "champion").version) == "1"
 
@@ -221,7 +221,7 @@ def test_training_flow_end_to_end(toy):
 def test_nested_override_lands_nested_and_keeps_comments(tmp_path):
     """`-S sft.trainer.max_steps=10` once wrote a literal key `trainer.max_steps:` into params.yaml,
     which then failed to load (and so did every later command)."""
-    from components.config import load_params
+    from pipelines.params.config import load_params
 
     p = tmp_path / "params.yaml"
     p.write_text("sft:\n  trainer:\n    max_steps: 1500   # steps\n    seed: 0\ngrpo:\n  beta: 0.04  # kl\n")
@@ -260,7 +260,7 @@ def test_no_registration_when_dvc_push_failed(toy):
     remote.write_text("not a folder: every push fails\n")
     s = training_pipeline()
     assert s.push.startswith("failed")
-    assert "dvc push failed" in s.registration["skipped"] and s.decision is None
+    assert "dvc push failed" in s.registration.reason and s.decision is None
     assert mlflow.MlflowClient().search_model_versions("name = 'grpoflow-policy'") == []
     from pipelines.summary import format_run_summary
 
@@ -268,7 +268,7 @@ def test_no_registration_when_dvc_push_failed(toy):
 
 
 def test_summary_names_the_evaluation_backend():
-    from pipelines.results import RunSummary
+    from pipelines.results import NotRegistered, RunSummary
     from pipelines.summary import format_run_summary
 
     metrics = {
@@ -277,7 +277,7 @@ def test_summary_names_the_evaluation_backend():
         for name, acc in (("sft", 0.05), ("grpo", 0.12))
     }
     summary = RunSummary(name="", run_id="r", experiment_id="1", tracking_uri="sqlite:///mlflow.db", pull="skipped",
-                         push="skipped", stages=[], metrics=metrics, comparison={}, registration=None, decision=None,
+                         push="skipped", stages=[], metrics=metrics, comparison={}, registration=NotRegistered("register.enabled is false"), decision=None,
                          reports={})
     text = format_run_summary(summary)
     assert "evaluation backend: vllm 0.32.0; 8 samples per problem at T=0.8" in text
@@ -291,8 +291,8 @@ def _killed_stage_run(toy) -> str:
     code = textwrap.dedent(
         """
         import os, signal
-        from components.config import load_params
-        from components.tracking import stage_run
+        from pipelines.params.config import load_params
+        from components.common.tracking import stage_run
         with stage_run("grpo", load_params()) as run:
             print(run.info.run_id, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -414,8 +414,8 @@ def test_summary_states_correctness_and_format_apart():
     """The demo's situation: GRPO tags every answer (strict accuracy up) while its answers are no
     more often right. The terminal summary and the MLflow description say so in words."""
     from components.evaluate import comparisons
-    from components.metrics import item_metrics as score
-    from pipelines.results import RunSummary
+    from components.evaluation.metrics import item_metrics as score
+    from pipelines.results import NotRegistered, RunSummary
     from pipelines.summary import format_run_summary, summary_markdown
 
     def items(right: int, tagged: int) -> list[dict[str, object]]:
@@ -427,7 +427,7 @@ def test_summary_states_correctness_and_format_apart():
     summary = RunSummary(
         name="abc1234", run_id="r", experiment_id="1", tracking_uri="sqlite:///mlflow.db", pull="skipped",
         push="skipped", stages=[], metrics={m: r[0] for m, r in results.items()},
-        comparison=comparisons(results, "accuracy_strict"), registration=None, decision=None, reports={}, alpha=0.05,
+        comparison=comparisons(results, "accuracy_strict"), registration=NotRegistered("register.enabled is false"), decision=None, reports={}, alpha=0.05,
     )
     text = format_run_summary(summary)
     line = next(x for x in text.splitlines() if x.startswith("  grpo vs sft:"))

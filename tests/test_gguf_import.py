@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from components import gguf_import
-from components.config import ConfigError, load_params
-from components.errors import InputError
+from components.common.errors import InputError
+from components.models import gguf_import
+from pipelines.params.config import ConfigError, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from components.gsm8k import format_target
-from components.stats import wilson_interval
+from components.evaluation.stats import wilson_interval
+from components.problems.gsm8k import format_target
 from pipelines.cli import main as cli
 
 DATA = Path(__file__).parent / "data" / "gsm8k_model_samples.jsonl"

@@ -1,4 +1,4 @@
-"""Table-driven tests of components/gsm8k.py: prompt, strict format, the three extraction
+"""Table-driven tests of components/problems/gsm8k.py: prompt, strict format, the three extraction
 modes, answer comparison (numbers, fractions, LaTeX via math-verify) and its time bound.
 
     pytest -q tests/test_gsm8k.py
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from components import answers, gsm8k
-from components.gsm8k import (
+from components.problems import answers, gsm8k
+from components.problems.gsm8k import (
     answers_match,
     build_messages,
     extract_answer,

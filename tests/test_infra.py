@@ -325,6 +325,12 @@ def test_prefect_yaml_pools_images_and_gpu_requests_agree():
     )
     assert {s for s, r in resources.items() if r == "gpu"} == GPU_STAGES
     assert set(resources.values()) == {"cpu", "gpu"}
+    # the header's sentence names the same stages (it once left selection out)
+    header = " ".join(line.lstrip("# ") for line in (INFRA / "prefect.yaml").read_text().splitlines() if line.startswith("#"))
+    named = re.search(r"Resources: the ([\w, ]+) stages need a GPU, ([\w, ]+) a CPU", header)
+    assert named, "infra/prefect.yaml's header no longer says which stages need a GPU"
+    assert set(re.findall(r"\w+", named.group(1))) - {"and"} == GPU_STAGES
+    assert set(re.findall(r"\w+", named.group(2))) - {"and"} == set(dvc_stages()) - GPU_STAGES
     pools = {p["name"] for p in defs["work_pools"].values()}
     assert pools == {"grpoflow-process", "grpoflow-docker", "grpoflow-kubernetes"}
     templates = pool_templates()
@@ -354,7 +360,7 @@ def test_prefect_yaml_pools_images_and_gpu_requests_agree():
 def test_stage_placement_dvc_stages_and_stage_deployments_agree():
     """One deployment per dvc.yaml stage and work pool kind, named as placement.<stage> finds it, running
     pipelines/stage.py; a GPU only for the GPU stages."""
-    from components.config import PLACEMENTS, SECTIONS
+    from pipelines.params.config import PLACEMENTS, SECTIONS
     from pipelines.stage import STAGE_FLOW
 
     placed = {f.name for f in __import__("dataclasses").fields(SECTIONS["placement"])}
@@ -592,8 +598,8 @@ def test_scale_out_overrides_and_arguments_parse():
     """The -S overrides and arguments of the GRPO, vLLM-server and evaluation commands of docs/operations.md."""
     from trl.scripts.vllm_serve import make_parser
 
-    from components.config import load_params
     from pipelines.cli import build_parser
+    from pipelines.params.config import load_params
 
     p = load_params(
         None,

@@ -45,7 +45,7 @@ def test_anonymous_clients_are_turned_away_and_the_pipeline_logs_in(mlflow_with_
         urllib.request.urlopen(f"{uri}/api/2.0/mlflow/experiments/search?max_results=1", timeout=10)
     assert denied.value.code == 401
 
-    from components.tracking import check_reachable
+    from components.common.tracking import check_reachable
 
     check_reachable(uri)  # the health check stays open: grpoflow's preflight passes
 
@@ -57,10 +57,10 @@ def test_anonymous_clients_are_turned_away_and_the_pipeline_logs_in(mlflow_with_
 
     import mlflow
 
-    from components.config import load_params
-    from components.promotion import gate
-    from components.registry import register
-    from components.tracking import configure
+    from components.common.tracking import configure
+    from pipelines.params.config import load_params
+    from pipelines.promotion import gate
+    from pipelines.registry import register
     from tests.toy_repo import make_tiny_model
 
     make_tiny_model(tmp_path / "repo" / "models" / "grpo")

@@ -388,8 +388,8 @@ def test_pipeline_registry_and_promotion_over_http(tracking, postgres, tmp_path,
     import mlflow
     import psycopg
 
-    from components.config import load_params
     from pipelines.cli import main as grpoflow
+    from pipelines.params.config import load_params
 
     root = tmp_path / "repo"
     make_tiny_model(root / "models" / "grpo")
@@ -401,15 +401,15 @@ def test_pipeline_registry_and_promotion_over_http(tracking, postgres, tmp_path,
 
     write_outputs(root, base, "schema: '2.0'\nstages: {}\n# run 1\n")
     reg1, dec1 = pipeline_register_and_promote(params, root)
-    assert (reg1["version"], reg1["created"], dec1["decision"]) == ("1", True, "promoted")
+    assert (reg1.version, reg1.created, dec1.decision) == ("1", True, "promoted")
 
     write_outputs(root, [40 <= i < 80 for i in range(200)], "schema: '2.0'\nstages: {}\n# run 2\n")
     reg2, dec2 = pipeline_register_and_promote(params, root)
-    assert (reg2["version"], dec2["decision"]) == ("2", "rejected")
+    assert (reg2.version, dec2.decision) == ("2", "rejected")
 
     write_outputs(root, [i < 80 for i in range(200)], "schema: '2.0'\nstages: {}\n# run 3\n")
     reg3, dec3 = pipeline_register_and_promote(params, root)
-    assert (reg3["version"], dec3["decision"]) == ("3", "promoted")
+    assert (reg3.version, dec3.decision) == ("3", "promoted")
 
     # Same dvc.lock again: no new version (the idempotency key is looked up on the server).
     reg3b, _ = pipeline_register_and_promote(params, root)

@@ -16,7 +16,12 @@ PACKAGES = ("components", "pipelines")
 STAGES = list(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"])
 MAX_LINES = 400
 FLOW_MAX_LINES = 250
-FIELD_TABLES = {"components/params.py"}  # the params schema: one dataclass field per key
+SUBPACKAGES = ("common", "problems", "models", "training", "evaluation")  # components/ by concern
+FIELD_TABLES = {"pipelines/params/help.py"}  # the help text of every params key (a table of data)
+
+
+def is_package(module: str) -> bool:
+    return MODULES[module].name == "__init__.py"
 
 
 def modules() -> dict[str, Path]:
@@ -98,13 +103,37 @@ def test_shared_pieces_never_import_a_stage():
 
 
 def test_every_stage_has_a_module_named_after_it_and_its_params_section():
-    from components.params import SECTIONS
+    from components.common.params import SECTIONS
 
     for stage in STAGES:
         assert (REPO / "components" / f"{stage}.py").is_file(), stage
         assert stage in SECTIONS, stage
         cmd = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][stage]["cmd"]
         assert cmd == f"python -m components.{stage}"
+
+
+def test_components_lists_the_stages_and_folders_by_concern():
+    """`ls components/` reads as the pipeline: the six stage modules and the helpers' folders."""
+    top = sorted(p.name for p in (REPO / "components").iterdir() if p.name != "__pycache__")
+    assert top == sorted(["__init__.py", *(f"{s}.py" for s in STAGES), *SUBPACKAGES])
+
+
+def test_package_inits_hold_a_docstring_only():
+    """A package's __init__.py is imported with each of its modules but is no stage's dep, so it
+    holds no code."""
+    for module, path in MODULES.items():
+        if is_package(module):
+            body = ast.parse(path.read_text()).body
+            assert len(body) == 1 and isinstance(body[0], ast.Expr), path
+
+
+def test_every_component_module_is_some_stage_dep():
+    """What runs in no stage belongs in pipelines/ (the flow, the CLI)."""
+    deps = {d for e in yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].values() for d in e["deps"]
+            if isinstance(d, str)}
+    component_files = {str(p.relative_to(REPO)) for m, p in MODULES.items() if m.startswith("components.")
+                       and not is_package(m)}
+    assert sorted(component_files - deps) == []
 
 
 def test_modules_are_small():
@@ -116,7 +145,7 @@ def test_modules_are_small():
 
 # The one deliberate exception (dvc.yaml's header says why): the selection stage samples with the
 # evaluation engine, which stays evaluate's dep alone.
-NOT_DEPS = {"selection": {"components/generation.py", "components/vllm_backend.py", "components/vllm_worker.py"}}
+NOT_DEPS = {"selection": {"components/evaluation/generation.py", "components/evaluation/vllm_backend.py", "components/evaluation/vllm_worker.py"}}
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -124,7 +153,7 @@ def test_dvc_deps_list_every_module_the_stage_imports(stage):
     entry = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][stage]
     deps = {d for d in entry["deps"] if isinstance(d, str)}
     needed = {
-        str(MODULES[m].relative_to(REPO)) for m in closure(f"components.{stage}") if m not in PACKAGES
+        str(MODULES[m].relative_to(REPO)) for m in closure(f"components.{stage}") if not is_package(m)
     } - NOT_DEPS.get(stage, set())
     assert NOT_DEPS.get(stage, set()) <= {str(MODULES[m].relative_to(REPO)) for m in closure(f"components.{stage}")}
     assert sorted(needed - deps) == []
@@ -135,29 +164,50 @@ def test_dvc_deps_list_every_module_the_stage_imports(stage):
 # Which stages a change to a module re-runs (DVC marks a stage changed when one of its deps does);
 # a change that alters a stage's outputs re-runs the stages after it in turn, through their inputs.
 RERUNS = {
-    "components/rewards.py": {"grpo"},
-    "components/signal_monitor.py": {"grpo"},
-    "components/grpo.py": {"grpo"},
-    "components/sft.py": {"sft"},
-    "components/selection.py": {"selection"},
-    "components/finetune.py": {"sft", "grpo"},
-    "components/train_samples.py": {"sft", "grpo"},
-    "components/evaluate.py": {"evaluate"},
-    "components/scoring.py": {"evaluate"},
-    "components/metrics.py": {"evaluate"},
-    "components/dev_accuracy.py": {"sft", "grpo"},
-    "components/bands.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},  # params_rules checks bands
-    "components/generation.py": {"evaluate"},
-    "components/vllm_backend.py": {"evaluate"},
-    "components/vllm_worker.py": {"evaluate"},
-    "components/endpoint.py": {"evaluate"},
-    "components/lm_eval_gsm8k.py": {"evaluate"},
-    "components/reports.py": {"evaluate"},
-    "components/stats.py": {"evaluate"},
-    "components/synthetic.py": {"data"},
+    # shared by every stage (a change here re-runs the whole pipeline)
+    "components/common/entry.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
+    "components/common/errors.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
+    "components/common/files.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
+    "components/common/params.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
+    "components/common/params_load.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
+    "components/common/params_rules.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
+    "components/common/path_safety.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
+    "components/common/tracking.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
+    "components/problems/answers.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
+    "components/problems/bands.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},  # params_rules checks bands
+    "components/problems/gsm8k.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
+    "components/problems/sources.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
+    # model folders: every stage that reads or writes one
+    "components/models/modelio.py": {"model", "sft", "selection", "grpo", "evaluate"},
+    # one concern, one or two stages
+    "components/training/finetune.py": {"sft", "grpo"},
+    "components/training/train_samples.py": {"sft", "grpo"},
+    "components/training/dev_accuracy.py": {"sft", "grpo"},
+    "components/evaluation/metrics.py": {"evaluate"},
     "components/data.py": {"data"},
+    "components/evaluate.py": {"evaluate"},
+    "components/evaluation/endpoint.py": {"evaluate"},
+    "components/evaluation/generation.py": {"evaluate"},
+    "components/evaluation/lm_eval_gsm8k.py": {"evaluate"},
+    "components/evaluation/reports.py": {"evaluate"},
+    "components/evaluation/scoring.py": {"evaluate"},
+    "components/evaluation/stats.py": {"evaluate"},
+    "components/evaluation/vllm_backend.py": {"evaluate"},
+    "components/evaluation/vllm_worker.py": {"evaluate"},
+    "components/grpo.py": {"grpo"},
     "components/model.py": {"model"},
+    "components/models/gguf_import.py": {"model"},
+    "components/problems/synthetic.py": {"data"},
+    "components/selection.py": {"selection"},
+    "components/sft.py": {"sft"},
+    "components/training/rewards.py": {"grpo"},
+    "components/training/signal_monitor.py": {"grpo"},
 }
+
+
+def test_the_rerun_table_covers_every_module_a_stage_imports():
+    imported = {str(MODULES[m].relative_to(REPO)) for s in STAGES for m in closure(f"components.{s}") if not is_package(m)}
+    assert sorted(imported ^ set(RERUNS)) == []
 
 
 @pytest.mark.parametrize("module", sorted(RERUNS))
@@ -171,10 +221,10 @@ def test_a_module_change_reruns_only_the_stages_it_can_affect(module):
 
 # The params code by concern: the schema (field declarations), value and cross-field rules, loading,
 # path safety, the stage entry point, the flow-only `-S` writer and remote allow-list, the CLI.
-PARAMS_SCHEMA = "components.params"
-PARAMS_MODULES = ("components.params_rules", "components.params_load", "components.path_safety",
-                  "components.entry", "components.overrides", "components.config")
-FLOW_ONLY = ("components.overrides", "components.config")
+PARAMS_SCHEMA = "components.common.params"
+PARAMS_MODULES = ("components.common.params_rules", "components.common.params_load", "components.common.path_safety",
+                  "components.common.entry", "pipelines.params.overrides", "pipelines.params.config")
+FLOW_ONLY = ("pipelines.params.overrides", "pipelines.params.config", "pipelines.params.help")
 
 
 def test_params_schema_holds_field_declarations_only():
@@ -201,7 +251,8 @@ def test_params_modules_are_under_250_lines():
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_flow_only_params_code_is_no_stage_dep(stage):
-    """Neither the `-S` writer nor the remote allow-list (nor the CLI facade) re-runs a stage."""
+    """Neither the `-S` writer nor the remote allow-list, the help text or the params facade re-runs a
+    stage (a help sentence edited leaves `dvc status` clean)."""
     assert sorted(closure(f"components.{stage}") & set(FLOW_ONLY)) == []
 
 
@@ -239,11 +290,40 @@ def test_file_list_follows_the_tree():
 
 
 def test_no_module_shadows_the_standard_library():
-    """components/vllm_worker.py runs as a script, so components/ is first on its sys.path: a module
+    """components/evaluation/vllm_worker.py runs as a script, so its folder is first on its sys.path: a module
     there named like a standard-library one (a stage called `select`) replaced it for every import in
     that process (subprocess imports `select`), and vLLM generation fell back to transformers."""
     import sys
 
     for folder in ("components", "pipelines", "benchmarks"):
-        clash = sorted(p.stem for p in (REPO / folder).glob("*.py") if p.stem in sys.stdlib_module_names)
+        clash = sorted(p.stem for p in (REPO / folder).rglob("*.py") if p.stem in sys.stdlib_module_names)
         assert clash == [], f"{folder}/: {clash} shadow standard-library modules"
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_stage_enters_the_same_way(stage):
+    """One stage contract: `run(params)` (the whole stage, in its MLflow run) and
+    `main = stage_main(STAGE, __doc__, run, argv)`; no second entry such as `run_tracked`."""
+    tree = ast.parse(MODULES[f"components.{stage}"].read_text())
+    functions = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+    assert "run_tracked" not in functions
+    run = functions["run"]
+    assert [a.arg for a in run.args.args] == ["params"] and ast.unparse(run.args.args[0].annotation) == "Params"
+    main = ast.unparse(functions["main"])
+    assert "return stage_main(STAGE, __doc__, run, argv)" in main
+
+
+# The per-stage contract: every stage module (and every command module's main) repeats these names
+# for one job each.
+SHARED_NAMES = {"run", "main", "trainer_settings", "fingerprint_settings"}
+
+
+def test_one_name_one_job():
+    """No two public functions or classes in components/ and pipelines/ share a name (it once had
+    three `generate`, three `server_command` and two `build_prompts`, each a different job)."""
+    seen: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+                seen.setdefault(node.name, []).append(module)
+    assert {n: ms for n, ms in seen.items() if len(ms) > 1 and n not in SHARED_NAMES} == {}

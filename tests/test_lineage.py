@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from components.config import load_params
 from pipelines.lineage import (
     _VLLM_VERSION,
     EVAL_BACKEND_TAG,
@@ -19,6 +18,7 @@ from pipelines.lineage import (
     record,
     vllm_engine_version,
 )
+from pipelines.params.config import load_params
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,13 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from components import finetune, gsm8k, modelio
 from components import model as model_stage
-from components.config import ConfigError, ModelParams, load_params
-from components.errors import InputError
+from components.common.errors import InputError
+from components.models import modelio
+from components.problems import gsm8k
+from components.problems.sources import read_split
 from components.sft import build_demos, untagged_target, wrong_answer
-from components.sources import read_split
-from components.train_samples import greedy
+from components.training import finetune
+from components.training.train_samples import greedy
+from pipelines.params.config import ConfigError, ModelParams, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(
@@ -28,8 +30,8 @@ SMALL = dict(
 
 
 def write_rows(path: Path, n: int = 40, seed: int = 0) -> Path:
-    from components.sources import convert_row
-    from components.synthetic import synthetic_problem
+    from components.problems.sources import convert_row
+    from components.problems.synthetic import synthetic_problem
 
     rng = random.Random(seed)
     rows = [convert_row(synthetic_problem(rng), f"r{i}") for i in range(n)]
@@ -67,9 +69,9 @@ def test_tokenizer_splits_digits_and_has_chat_template(tiny):
 
 def test_tiny_model_is_identical_for_the_same_seed(train_file, tmp_path):
     cfg = ModelParams(**SMALL)
-    a = model_stage.run(cfg, train_file, tmp_path / "a")
-    b = model_stage.run(cfg, train_file, tmp_path / "b")
-    c = model_stage.run(ModelParams(**{**SMALL, "seed": 1}), train_file, tmp_path / "c")
+    a = model_stage.build_base(cfg, train_file, tmp_path / "a")
+    b = model_stage.build_base(cfg, train_file, tmp_path / "b")
+    c = model_stage.build_base(ModelParams(**{**SMALL, "seed": 1}), train_file, tmp_path / "c")
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     assert (a / "model.safetensors").read_bytes() != (c / "model.safetensors").read_bytes()
@@ -111,7 +113,7 @@ def test_untagged_and_wrong_demonstrations():
 
 @pytest.mark.parametrize("untagged,wrong", [(0.0, 0.0), (0.5, 0.0), (0.3, 0.4), (1.0, 1.0)])
 def test_demo_noise_rates(train_file, untagged, wrong):
-    from components.params import SFTParams
+    from components.common.params import SFTParams
 
     rows = read_split(train_file) * 10
     cfg = SFTParams(demo_untagged_rate=untagged, demo_wrong_rate=wrong)
@@ -185,7 +187,7 @@ def test_every_trl_loss_type_is_selectable():
 
     import trl.trainer.grpo_trainer as gt
 
-    from components.config import GRPO_LOSS_TYPES
+    from pipelines.params.config import GRPO_LOSS_TYPES
 
     source = Path(gt.__file__).read_text()
     implemented = set(re.findall(r'self\.loss_type == "(\w+)"', source))
@@ -275,7 +277,7 @@ def test_fingerprint_follows_the_stage_code_and_library_versions(tmp_path, monke
     code.write_text("x = 2\n")
     changed = finetune.fingerprint("sft", {"lr": 1}, [])
     assert changed != base
-    import components.tracking as tracking
+    import components.common.tracking as tracking
 
     real = tracking.package_versions
     monkeypatch.setattr(finetune, "package_versions", lambda names: {**real(names), "trl": "0.0.1"})

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import finetune, grpo, scoring, sft
-from components.config import ConfigError, load_params, write_overrides
+from components import grpo, sft
+from components.evaluation import scoring
+from components.training import finetune
 from pipelines import presets
+from pipelines.params.config import ConfigError, load_params, write_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_PRESETS = ["qwen2.5-0.5b-gpu", "qwen2.5-1.5b-gpu", "llama3.2-1b-16gb"]

@@ -1,4 +1,4 @@
-"""Tests for components/registry.py on a real MLflow SQLite registry with a tiny real model:
+"""Tests for pipelines/registry.py on a real MLflow SQLite registry with a tiny real model:
 registration (idempotent on the dvc.lock md5, loads back with the transformers flavour,
 explicit pip requirements), the paired promotion gate, forced promotion and rollback.
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from components.config import load_params
-from components.errors import InputError, RegistryError
-from components.promotion import compare_with_champion, force_promote, gate, rollback
-from components.registry import CHALLENGER, CHAMPION, DECISION_TAG, PREVIOUS_TAG, register
-from components.reports import read_items
-from components.tracking import configure
+from components.common.errors import InputError, RegistryError
+from components.common.tracking import configure
+from components.evaluation.reports import read_items
+from pipelines.params.config import load_params
+from pipelines.promotion import compare_with_champion, force_promote, gate, rollback
+from pipelines.registry import CHALLENGER, CHAMPION, DECISION_TAG, PREVIOUS_TAG, register
 from tests.toy_repo import make_tiny_model
 
 
@@ -213,7 +213,7 @@ def test_alias_moves_only_if_the_champion_is_unchanged(repo, monkeypatch):
     alias, this one aborts instead of overwriting it."""
     import mlflow
 
-    from components import promotion
+    from pipelines import promotion
 
     params = load_params()
     configure(params)
@@ -243,17 +243,17 @@ def test_gate_reevaluates_a_champion_evaluated_on_other_items(repo, monkeypatch)
     import mlflow
 
     from components import data
-    from components.config import DataParams
-    from components.modelio import resolve_model
-    from components.reports import write_reports
-    from components.scoring import data_source, evaluate_model
-    from components.sources import load_problems
+    from components.evaluation.reports import write_reports
+    from components.evaluation.scoring import data_source, evaluate_model
+    from components.models.modelio import resolve_model
+    from components.problems.sources import load_problems
+    from pipelines.params.config import DataParams
 
     client = mlflow.MlflowClient()
     small = ["evaluate.backend=transformers", "evaluate.max_new_tokens=8", "register.min_items=5"]
 
     def evaluate_and_register(seed: int, md5: str):
-        data.run(DataParams(synthetic_train_size=20, synthetic_test_size=12, seed=seed))
+        data.write_splits(DataParams(synthetic_train_size=20, synthetic_test_size=12, seed=seed))
         params = load_params(None, [*small, f"data.seed={seed}"])
         problems = load_problems(data_source(params))
         result = evaluate_model(resolve_model("models/grpo"), problems, params, protocol="grpoflow",
@@ -327,3 +327,20 @@ def test_gate_on_flexible_names_items_without_the_column(repo):
     write_eval(repo, [i < 80 for i in range(100)])
     with pytest.raises(InputError, match=r"grpo.items.jsonl: item q0 has no boolean 'correct_flexible'"):
         gate(params, register(params, lineage("b" * 32), new_run(params), repo), repo)
+
+
+def test_the_decision_kinds_are_the_ones_produced():
+    """Decision.decision's type lists what the code produces, no more, no less (it once listed an
+    "unchanged" never produced and left out "rollback")."""
+    import ast
+    import typing
+
+    from pipelines import promotion
+    from pipelines.results import DecisionKind
+
+    tree = ast.parse(Path(promotion.__file__).read_text())
+    produced = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Decision" and len(node.args) >= 3:
+            produced |= {n.value for n in ast.walk(node.args[2]) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert produced == set(typing.get_args(DecisionKind))

@@ -41,7 +41,7 @@ def test_reproduce_a_clean_version(toy, tmp_path, capsys):
 
     assert reproduce("1") == 2
     assert "grpoflow-policy v1: not in the registry" in capsys.readouterr().err
-    assert training_pipeline().registration["version"] == "1"
+    assert training_pipeline().registration.version == "1"
     before = runs_in()
     capsys.readouterr()
 

@@ -1,4 +1,4 @@
-"""Tests of components/rewards.py: a table per reward, the registry and params wiring, and
+"""Tests of components/training/rewards.py: a table per reward, the registry and params wiring, and
 the robustness claims (hypothesis properties; 10,000 random plus adversarial strings through
 every registered reward with no exception and no call over 50 ms of CPU time).
 
@@ -15,10 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.reward_latency import GOLDS, adversarial_strings, measure, random_strings
-from components import rewards
-from components.config import ConfigError, load_params
-from components.gsm8k import format_target
-from components.rewards import (
+from components.problems.gsm8k import format_target
+from components.training import rewards
+from components.training.rewards import (
     REWARD_FUNCS,
     accuracy_reward,
     build_rewards,
@@ -29,6 +28,7 @@ from components.rewards import (
     soft_format_reward,
     tag_count_reward,
 )
+from pipelines.params.config import ConfigError, load_params
 
 CURTIS_REASONING = "Mr. Curtis has 325 - 28 = 297 hens.\nOnly 297 - 20 = 277 hens lay eggs."
 RIGHT = format_target(CURTIS_REASONING, "277")
@@ -146,7 +146,7 @@ def test_params_choose_rewards_with_weights():
     params = load_params(
         None,
         [
-            "rewards.funcs=[format, accuracy, components.rewards:tag_count_reward]",
+            "rewards.funcs=[format, accuracy, components.training.rewards:tag_count_reward]",
             "rewards.weights=[0.2, 1.0, 0.1]",
         ],
     )
@@ -277,7 +277,7 @@ def test_rewards_module_does_no_work_at_import():
     # Importing rewards must not import math-verify or sympy (`grpoflow run` imports it to check names).
     import subprocess
 
-    code = "import sys, components.rewards, components.config; print('sympy' in sys.modules, 'math_verify' in sys.modules)"
+    code = "import sys, components.training.rewards, pipelines.params.config; print('sympy' in sys.modules, 'math_verify' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from components import selection
-from components.config import load_params
-from components.errors import ConfigError
-from components.params import DataParams, ModelParams, SelectionParams
+from components.common.errors import ConfigError
+from components.common.params import DataParams, ModelParams, SelectionParams
+from pipelines.params.config import load_params
 
 TINY = dict(tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=128)
 
@@ -25,10 +25,10 @@ def workspace(tmp_path_factory):
     """Answer-only GRPO problems and a tiny (untrained: it solves nothing) SFT model."""
     from components import data
     from components import model as model_stage
-    from components.modelio import save_model
+    from components.models.modelio import save_model
 
     root = tmp_path_factory.mktemp("selectrepo")
-    data.run(DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=40, synthetic_test_size=4,
+    data.write_splits(DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=40, synthetic_test_size=4,
                         synthetic_max_steps=1, synthetic_answer_only_size=24))
     model, tok = model_stage.build_tiny(ModelParams(seed=1, **TINY), root / "data/processed/train.jsonl")
     save_model(model, tok, root / "models/sft")
@@ -74,7 +74,7 @@ def test_a_model_that_solves_nothing_stops_the_stage_with_the_counts(workspace, 
 
 
 def test_kept_prompts_pass_rates_counts_and_histogram(workspace):
-    out = selection.run(params(workspace, "selection.keep_unsolved=true", "selection.min_prompts=5", "selection.max_candidates=20"))
+    out = selection.choose_prompts(params(workspace, "selection.keep_unsolved=true", "selection.min_prompts=5", "selection.max_candidates=20"))
     rows = [json.loads(x) for x in (workspace / "data/selected/prompts.jsonl").read_text().splitlines()]
     grpo = [json.loads(x) for x in (workspace / "data/processed/grpo.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == [r["id"] for r in grpo[:20]]  # the first max_candidates, all kept
@@ -88,14 +88,14 @@ def test_kept_prompts_pass_rates_counts_and_histogram(workspace):
 
 
 def test_no_sampling_keeps_every_candidate(workspace):
-    out = selection.run(params(workspace, "selection.num_samples=0", "selection.min_prompts=1"))
+    out = selection.choose_prompts(params(workspace, "selection.num_samples=0", "selection.min_prompts=1"))
     assert out["metrics"]["kept"] == 24 and out["metrics"]["backend"] == "none" and out["histogram"] == []
 
 
 def test_the_stage_logs_counts_and_the_histogram_figure_to_mlflow(workspace):
     import mlflow
 
-    selection.run_tracked(params(workspace, "selection.keep_unsolved=true", "selection.min_prompts=5"))
+    selection.run(params(workspace, "selection.keep_unsolved=true", "selection.min_prompts=5"))
     run = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`grpoflow.stage` = 'selection'",
                              output_format="list")[0]
     assert run.data.metrics["kept"] == 24.0 and run.data.metrics["never_solved"] == 24.0

@@ -12,9 +12,9 @@ import math
 
 import pytest
 
-from components.config import load_params
-from components.errors import ConfigError
-from components.params import DataParams, ModelParams
+from components.common.errors import ConfigError
+from components.common.params import DataParams, ModelParams
+from pipelines.params.config import load_params
 
 TINY = dict(tiny_hidden_size=32, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=64, tiny_vocab_size=300)
 
@@ -23,9 +23,9 @@ TINY = dict(tiny_hidden_size=32, tiny_num_heads=2, tiny_num_layers=1, tiny_inter
 def workspace(tmp_path, monkeypatch):
     from components import data
     from components import model as model_stage
-    from components.modelio import save_model
+    from components.models.modelio import save_model
 
-    data.run(DataParams(output_dir=str(tmp_path / "data/processed"), synthetic_train_size=40, synthetic_test_size=4))
+    data.write_splits(DataParams(output_dir=str(tmp_path / "data/processed"), synthetic_train_size=40, synthetic_test_size=4))
     model, tok = model_stage.build_tiny(ModelParams(seed=0, **TINY), tmp_path / "data/processed/train.jsonl")
     save_model(model, tok, tmp_path / "models/base")
     monkeypatch.chdir(tmp_path)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from components.signal_monitor import TAG, SignalMonitor, callback, max_reward, window_logs
+from components.training.signal_monitor import TAG, SignalMonitor, callback, max_reward, window_logs
 
 
 def logs(rewards, zero_stds, kls=None, every=10):

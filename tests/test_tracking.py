@@ -1,4 +1,4 @@
-"""Tests for components/tracking.py: URI resolution, nesting under the flow's parent run,
+"""Tests for components/common/tracking.py: URI resolution, nesting under the flow's parent run,
 params logging and FAILED status, against a real MLflow SQLite store.
 
     pytest -q tests/test_tracking.py
@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from components.config import load_params
-from components.tracking import (
+from components.common.tracking import (
     PARENT_ENV,
     STAGE_TAG,
     flatten,
@@ -26,6 +25,7 @@ from components.tracking import (
     stage_run,
     stage_sections,
 )
+from pipelines.params.config import load_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,7 +90,7 @@ def test_stage_run_nests_under_parent_and_logs_params(repo, monkeypatch):
     import mlflow
 
     params = load_params()
-    from components.tracking import configure
+    from components.common.tracking import configure
 
     exp_id = configure(params)
     client = mlflow.MlflowClient()
@@ -116,7 +116,7 @@ def test_stage_run_nests_under_parent_and_logs_params(repo, monkeypatch):
 def test_the_experiment_opens_on_its_training_runs(repo):
     import mlflow
 
-    from components.tracking import EXPERIMENT_KIND_TAG, configure
+    from components.common.tracking import EXPERIMENT_KIND_TAG, configure
 
     params = load_params()
     client = mlflow.MlflowClient()
@@ -155,7 +155,7 @@ def test_stage_run_logs_the_engine_logs_it_wrote_success_or_failure(repo, fails)
 
     import mlflow
 
-    from components.errors import DataError
+    from components.common.errors import DataError
 
     old, new = repo / "reports/old.vllm.log", repo / "reports/new.vllm.log"
     old.parent.mkdir()
@@ -176,7 +176,7 @@ def test_stage_run_in_a_child_process_finds_parent(repo, monkeypatch):
     """A DVC stage runs in another process: it finds the parent through the environment only."""
     import mlflow
 
-    from components.tracking import configure
+    from components.common.tracking import configure
 
     params = load_params()
     exp_id = configure(params)
@@ -184,8 +184,8 @@ def test_stage_run_in_a_child_process_finds_parent(repo, monkeypatch):
     parent = client.create_run(exp_id, run_name="pipeline")
     monkeypatch.setenv(PARENT_ENV, parent.info.run_id)
     code = (
-        "from components.config import load_params\n"
-        "from components.tracking import stage_run\n"
+        "from pipelines.params.config import load_params\n"
+        "from components.common.tracking import stage_run\n"
         "with stage_run('grpo', load_params()) as r: print(r.info.run_id)\n"
     )
     out = subprocess.run(
@@ -198,11 +198,11 @@ def test_stage_run_in_a_child_process_finds_parent(repo, monkeypatch):
 def test_summary_links_to_the_tracking_servers_own_ui():
     import dataclasses
 
-    from pipelines.results import RunSummary
+    from pipelines.results import NotRegistered, RunSummary
     from pipelines.summary import format_run_summary
 
     summary = RunSummary(name="", run_id="r1", experiment_id="3", tracking_uri="", pull="skipped", push="skipped",
-                         stages=[], metrics={}, comparison={}, registration=None, decision=None, reports={})
+                         stages=[], metrics={}, comparison={}, registration=NotRegistered("register.enabled is false"), decision=None, reports={})
     remote = format_run_summary(dataclasses.replace(summary, tracking_uri="https://mlflow.example.org:5000/"))
     assert "ui: https://mlflow.example.org:5000/#/experiments/3/runs/r1" in remote and "grpoflow ui" not in remote
     local = format_run_summary(dataclasses.replace(summary, tracking_uri="sqlite:////tmp/mlflow.db"))

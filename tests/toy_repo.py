@@ -8,7 +8,7 @@ flow must sort them by the graph:
     grpo     -> models/grpo (a copy of a real tiny HF model + skill.txt)   (toy.yaml grpo.*)
     evaluate -> reports/eval/grpo.items.jsonl + grpo.json + sft.json        (item i correct iff i % 100 < skill)
 
-The grpo and evaluate stages log to MLflow through `components.tracking.stage_run`;
+The grpo and evaluate stages log to MLflow through `components.common.tracking.stage_run`;
 prepare does not (the flow then makes its child run). `grpo.fail: true` makes grpo exit 1 (an
 `error:` line, then 40 lines of shutdown chatter);
 every grpo execution appends a line to `<repo>/../grpo-runs.log` and draws a progress bar
@@ -46,8 +46,8 @@ if stage == "prepare":
                 fh.write(json.dumps({"id": f"{split}-{i}", "question": f"{i} + 1?", "solution": "", "gold": str(i + 1)}) + "\\n")
     sys.exit(0)
 
-from components.config import load_params
-from components.tracking import stage_run
+from pipelines.params.config import load_params
+from components.common.tracking import stage_run
 import mlflow
 
 with stage_run(stage, load_params(), extra_params={"toy": cfg.get(stage, {})}):
@@ -58,7 +58,7 @@ with stage_run(stage, load_params(), extra_params={"toy": cfg.get(stage, {})}):
             print(f"\\rtoy training {step}/5", end="", flush=True)
         print(flush=True)
         if cfg["grpo"].get("fail"):
-            print("error: toy grpo: failing on purpose", file=sys.stderr)  # as components/entry.py states it
+            print("error: toy grpo: failing on purpose", file=sys.stderr)  # as components/common/entry.py states it
             for i in range(40):  # then an engine's shutdown chatter, as vLLM's
                 print(f"(EngineCore pid=1) INFO 12-02 16:55:03 [core.py:{i}] [shutdown] step {i}", file=sys.stderr)
             sys.exit(1)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from components.config import DataParams, ModelParams
+from pipelines.params.config import DataParams, ModelParams
 
 pytestmark = pytest.mark.slow
 
@@ -25,10 +25,10 @@ def test_evaluation_flow_evaluates_a_model_and_logs_a_run(tmp_path, monkeypatch)
 
     from components import data
     from components import model as model_stage
-    from components.modelio import save_model
+    from components.models.modelio import save_model
     from pipelines.evaluation import evaluation_pipeline
 
-    data.run(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=40, synthetic_test_size=6))
+    data.write_splits(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=40, synthetic_test_size=6))
     cfg = ModelParams(
         seed=5, tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=128
     )

@@ -16,9 +16,9 @@ import os
 
 import pytest
 
-from components.config import DataParams, ModelParams
-from components.generation import resolve_vllm_python, vllm_importable
+from components.evaluation.generation import resolve_vllm_python, vllm_importable
 from pipelines import cli
+from pipelines.params.config import DataParams, ModelParams
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -32,13 +32,14 @@ def needs_vllm() -> None:
         pytest.skip("no vLLM here: run `make venv-vllm`")
 
 
-def tiny_model(tmp_path) -> None:
+def tiny_model(tmp_path, monkeypatch) -> None:
     """data/ (the prepared splits) and model/ (a tiny model trained on nothing) under `tmp_path`."""
     from components import data
     from components import model as model_stage
-    from components.modelio import save_model
+    from components.models.modelio import save_model
 
-    data.run(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=60, synthetic_test_size=24))
+    monkeypatch.chdir(tmp_path)  # the checkout: stage paths must lie inside it
+    data.write_splits(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=60, synthetic_test_size=24))
     # head_dim 32: vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, ...
     cfg = ModelParams(
         seed=3, tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=2, tiny_intermediate_size=128
@@ -53,11 +54,11 @@ def test_vllm_engine_log_goes_to_its_file_and_the_console_shows_progress_only(tm
     needs_vllm()
     if vllm_importable():
         pytest.skip("vLLM runs in this process here: the worker's log file is the subprocess route's")
-    from components.generation import GenerationSettings, generate
-    from components.vllm_backend import VLLM_RECORD
+    from components.evaluation.generation import GenerationSettings, generate
+    from components.evaluation.vllm_backend import VLLM_RECORD
 
     monkeypatch.chdir(tmp_path)
-    tiny_model(tmp_path)
+    tiny_model(tmp_path, monkeypatch)
     capfd.readouterr()
     log = tmp_path / "reports/eval/model.vllm.log"
     settings = GenerationSettings(max_new_tokens=8, dtype="float32", num_samples=2, vllm_python=VLLM_PYTHON)
@@ -73,7 +74,7 @@ def test_vllm_engine_log_goes_to_its_file_and_the_console_shows_progress_only(tm
 def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys, monkeypatch):
     needs_vllm()
     monkeypatch.chdir(tmp_path)  # the checkout: stage paths must lie inside it
-    tiny_model(tmp_path)
+    tiny_model(tmp_path, monkeypatch)
 
     items = {}
     for backend in ("transformers", "vllm"):

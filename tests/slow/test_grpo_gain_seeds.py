@@ -12,7 +12,7 @@ import json
 import pytest
 
 from benchmarks import grpo_gain
-from components.stats import compare_paired
+from components.evaluation.stats import compare_paired
 from tests.slow.test_grpo_gain import TINY
 
 pytestmark = pytest.mark.slow

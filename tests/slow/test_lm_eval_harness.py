@@ -31,11 +31,11 @@ from pathlib import Path
 
 import pytest
 
-from components import lm_eval_gsm8k
-from components.config import DataParams, ModelParams
-from components.generation import resolve_vllm_python, vllm_importable
-from components.sources import load_problems
+from components.evaluation import lm_eval_gsm8k
+from components.evaluation.generation import resolve_vllm_python, vllm_importable
+from components.problems.sources import load_problems
 from pipelines import cli
+from pipelines.params.config import DataParams, ModelParams
 from tests.servers import served
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -93,7 +93,7 @@ def test_lm_eval_protocol_answers_as_the_harness_gsm8k_task(tmp_path, monkeypatc
 
     from components import data
     from components import model as model_stage
-    from components.modelio import save_model
+    from components.models.modelio import save_model
 
     monkeypatch.chdir(tmp_path)  # the checkout: stage paths must lie inside it
     gsm8k_dir = tmp_path / "gsm8k"

@@ -31,7 +31,7 @@ def test_nested_overrides_and_a_new_data_seed_compared_like_with_like(baseline, 
     assert params["sft"]["trainer"]["max_steps"] == 5 and params["grpo"]["trainer"]["max_steps"] == 1
     assert params["data"]["seed"] == 99
     assert "trainer.max_steps" not in (repo / "params.yaml").read_text()
-    shown = subprocess.run([sys.executable, "-m", "components.config"], cwd=repo, capture_output=True, text=True)
+    shown = subprocess.run([sys.executable, "-m", "pipelines.params.config"], cwd=repo, capture_output=True, text=True)
     assert shown.returncode == 0 and yaml.safe_load(shown.stdout)["sft"]["trainer"]["max_steps"] == 5
 
     assert "re-evaluating champion grpoflow-policy v1 on the challenger's 40 items" in out

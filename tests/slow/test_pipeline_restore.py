@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from components.files import sha256_file
+from components.common.files import sha256_file
 from tests.project_repo import git, grpoflow, pipeline_env, prefect_servers, run_ok, stage_processes, wait_for
 
 pytestmark = pytest.mark.slow

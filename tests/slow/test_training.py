@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from components import model as model_stage
-from components.config import load_params
-from components.modelio import is_model_dir
+from components.models.modelio import is_model_dir
+from pipelines.params.config import load_params
 
 pytestmark = pytest.mark.slow
 
@@ -95,8 +95,8 @@ def stage(workdir: Path, module: str, *overrides: str, check: bool = True) -> su
 
 def make_workdir(path: Path) -> Path:
     """A folder with params.yaml (tiny settings), data/processed and models/base."""
-    from components.config import DataParams
-    from components.data import run as prepare
+    from components.data import write_splits as prepare
+    from pipelines.params.config import DataParams
 
     (path / "params.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
     (path / "toyrewards.py").write_text(TOY_REWARDS)
@@ -105,7 +105,7 @@ def make_workdir(path: Path) -> Path:
     try:
         prepare(DataParams(synthetic_train_size=48, synthetic_test_size=8, seed=3))
         params = load_params("params.yaml")
-        model_stage.run(params.model, Path("data/processed/train.jsonl"))
+        model_stage.build_base(params.model, Path("data/processed/train.jsonl"))
     finally:
         os.chdir(cwd)
     return path
@@ -207,7 +207,7 @@ def test_grpo_changes_the_weights_and_logs(workdir: Path):
 
 
 def test_lora_grpo_merges_into_a_plain_model_and_ignores_stale_checkpoints(workdir: Path):
-    from components import finetune
+    from components.training import finetune
 
     # A crash left a checkpoint made with other params: it must not be resumed.
     ckpt = workdir / "checkpoints/grpo"

@@ -69,7 +69,7 @@ def test_compare_view_and_champion_alias_in_a_browser(tmp_path, ui, monkeypatch)
     first = training_pipeline()
     write_toy_params(toy, skill=60)  # a clearly better policy: the gate promotes it
     second = training_pipeline()
-    assert second.decision["decision"] == "promoted", second.decision
+    assert second.decision.decision == "promoted", second.decision
     client = mlflow.MlflowClient()
     assert str(client.get_model_version_by_alias("grpoflow-policy", "champion").version) == "2"
 

@@ -1,0 +1,311 @@
+"""The params schema: one dataclass per params.yaml section, one field per key, and nothing else.
+
+Each field is `_f(default, **metadata)`; the metadata says how the key is checked and used:
+
+    choices, ge, gt, le   value checks (components/common/params_rules.py, when params are loaded)
+    path                  output_dir | input_dir | output_file: a stage path, kept inside the
+                          repository and apart from other stages' (components/common/path_safety.py)
+    recipe                a grpo key the stage passes to TRL's GRPOConfig (so not allowed in grpo.trainer)
+    fingerprint=False     a key that does not change what is trained: left out of the resume
+                          fingerprint of the training stages (components/training/finetune.py)
+
+Two lists elsewhere follow the fields, each checked by a test: the help text of every key
+(pipelines/params/help.py, apart from this module so that editing it re-runs no stage; tests/test_config.py)
+and the keys a run started through a deployment may override (`REMOTE_OVERRIDES` in
+pipelines/params/overrides.py). Cross-field rules live in components/common/params_rules.py; loading
+and `-S` overrides in components/common/params_load.py. The section classes are named `<Section>Params`,
+not `...Config`, so that they never shadow TRL's SFTConfig / GRPOConfig.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _f(default: Any, **meta: Any) -> Any:
+    """A dataclass field with its metadata: checks (choices, ge, gt, le) and roles (see the module
+    docstring: path, recipe, fingerprint)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _dtype() -> Any:
+    """The weights-dtype field the model and evaluate sections share."""
+    return _f("auto", choices=["auto", "float32", "bfloat16", "float16"])
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass
+class DataParams:
+    train_source: str = _f("synthetic")
+    test_source: str = _f("synthetic")
+    output_dir: str = _f("data/processed", path="output_dir")
+    synthetic_train_size: int = _f(4000, ge=1)
+    synthetic_test_size: int = _f(600, ge=1)
+    seed: int = _f(1234, ge=0)
+    synthetic_max_steps: int = _f(3, ge=1, le=6)
+    synthetic_max_number: int = _f(20, ge=2)
+    synthetic_test_max_steps: int = _f(0, ge=0, le=6)
+    synthetic_answer_only_size: int = _f(0, ge=0)
+    synthetic_answer_only_min_steps: int = _f(2, ge=1, le=6)
+    synthetic_answer_only_max_steps: int = _f(4, ge=1, le=6)
+    answer_only_share: float = _f(0.0, ge=0.0, le=0.99)
+    demo_max_steps: int = _f(0, ge=0)
+    answer_only_min_steps: int = _f(0, ge=0)
+    on_bad_rows: str = _f("fail", choices=["fail", "skip"])
+    allow_overlap: bool = _f(False)
+    max_train_rows: int = _f(0, ge=0)
+    max_test_rows: int = _f(0, ge=0)
+
+
+@dataclass
+class ModelParams:
+    name_or_path: str = _f("tiny")
+    trust_remote_code: bool = _f(False)
+    dtype: str = _dtype()
+    revision: str | None = _f(None)
+    base_dir: str = _f("models/base", path="output_dir")
+    tiny_hidden_size: int = _f(128, ge=16)
+    tiny_intermediate_size: int = _f(512, ge=16)
+    tiny_num_layers: int = _f(2, ge=1)
+    tiny_num_heads: int = _f(4, ge=1)
+    tiny_max_positions: int = _f(512, ge=64)
+    tiny_vocab_size: int = _f(512, ge=300)
+    seed: int = _f(0, ge=0)
+
+
+# The loss formulations TRL 1.16's GRPOConfig.loss_type accepts (checked against trl/trainer/grpo_trainer.py).
+GRPO_LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+# Defaults of the `trainer:` mappings, tuned for the tiny model on a 2-core CPU (params.yaml
+# repeats them with a comment each); any TRL SFTConfig / GRPOConfig field may be added.
+SFT_TRAINER_DEFAULTS: dict[str, Any] = {
+    "max_steps": 1500,
+    "per_device_train_batch_size": 16,
+    "learning_rate": 3.0e-3,
+    "lr_scheduler_type": "cosine",
+    "warmup_steps": 30,
+    "train_sampling_strategy": "group_by_length",
+    "max_length": 512,
+    "logging_steps": 50,
+    "save_steps": 250,
+    "save_total_limit": 2,
+    "seed": 0,
+}
+GRPO_TRAINER_DEFAULTS: dict[str, Any] = {
+    "max_steps": 150,
+    "per_device_train_batch_size": 32,
+    "learning_rate": 1.0e-4,
+    "lr_scheduler_type": "constant",
+    "max_completion_length": 128,
+    "logging_steps": 10,
+    "save_steps": 50,
+    "save_total_limit": 2,
+    "seed": 0,
+}
+# Fields the two training stages (sft, grpo) share.
+def _metrics_file(stage: str) -> Any:
+    return _f(f"reports/train/{stage}.json", path="output_file", fingerprint=False)
+
+
+def _history_file(stage: str) -> Any:
+    return _f(f"reports/train/{stage}_history.csv", path="output_file", fingerprint=False)
+
+
+def _checkpoint_dir(stage: str) -> Any:
+    return _f(f"checkpoints/{stage}", path="output_dir", fingerprint=False)
+
+
+def _resume() -> Any:
+    return _f(True, fingerprint=False)
+
+
+def _sample_size() -> Any:
+    return _f(16, ge=0, fingerprint=False)
+
+
+def _use_lora() -> Any:
+    return _f(False)
+
+
+def _lora() -> Any:
+    return _f({"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"})
+
+
+def _trainer(defaults: dict[str, Any]) -> Any:
+    """A `trainer:` mapping: keyword arguments passed straight to TRL's SFTConfig / GRPOConfig."""
+    return _f(defaults)
+
+
+@dataclass
+class SFTParams:
+    output_dir: str = _f("models/sft", path="output_dir", fingerprint=False)
+    metrics_file: str = _metrics_file("sft")
+    history_file: str = _history_file("sft")
+    checkpoint_dir: str = _checkpoint_dir("sft")
+    resume: bool = _resume()
+    demo_untagged_rate: float = _f(0.5, ge=0.0, le=1.0)
+    demo_wrong_rate: float = _f(0.0, ge=0.0, le=1.0)
+    demo_seed: int = _f(0, ge=0)
+    dev_size: int = _f(0, ge=0)
+    dev_every: int = _f(250, ge=1)
+    dev_max_new_tokens: int = _f(256, ge=1)
+    plateau_patience: int = _f(0, ge=0)
+    plateau_min_delta: float = _f(0.01, ge=0.0)
+    sample_size: int = _sample_size()
+    use_lora: bool = _use_lora()
+    lora: dict[str, Any] = _lora()
+    trainer: dict[str, Any] = _trainer(SFT_TRAINER_DEFAULTS)
+
+
+@dataclass
+class GRPOParams:
+    init_dir: str = _f("models/sft", path="input_dir", fingerprint=False)  # its content enters the fingerprint as an input
+    output_dir: str = _f("models/grpo", path="output_dir", fingerprint=False)
+    metrics_file: str = _metrics_file("grpo")
+    history_file: str = _history_file("grpo")
+    checkpoint_dir: str = _checkpoint_dir("grpo")
+    resume: bool = _resume()
+    num_generations: int = _f(8, ge=2, recipe=True)
+    temperature: float = _f(0.8, gt=0.0, recipe=True)
+    beta: float = _f(0.04, ge=0.0, recipe=True)
+    epsilon: float = _f(0.2, gt=0.0, recipe=True)
+    loss_type: str = _f("grpo", choices=GRPO_LOSS_TYPES, recipe=True)
+    scale_rewards: str = _f("group", choices=["group", "batch", "none"], recipe=True)
+    num_iterations: int = _f(1, ge=1, recipe=True)
+    use_vllm: bool = _f(False, recipe=True)
+    vllm_mode: str = _f("colocate", choices=["colocate", "server"], recipe=True)
+    sample_size: int = _sample_size()
+    dev_size: int = _f(0, ge=0)
+    dev_every: int = _f(100, ge=1)
+    signal_window: int = _f(100, ge=1, fingerprint=False)  # the signal monitor only watches (so its four keys)
+    signal_zero_std: float = _f(0.70, ge=0.0, le=1.0, fingerprint=False)
+    signal_flat_reward: float = _f(0.02, ge=0.0, fingerprint=False)
+    signal_max_kl: float = _f(0.1, ge=0.0, fingerprint=False)
+    use_lora: bool = _use_lora()
+    lora: dict[str, Any] = _lora()
+    trainer: dict[str, Any] = _trainer(GRPO_TRAINER_DEFAULTS)
+
+
+@dataclass
+class SelectionParams:
+    model_dir: str = _f("models/sft", path="input_dir")
+    output_file: str = _f("data/selected/prompts.jsonl", path="output_file")
+    metrics_file: str = _f("reports/train/selection.json", path="output_file")
+    histogram_file: str = _f("reports/train/selection_pass_rates.csv", path="output_file")
+    max_candidates: int = _f(1200, ge=0)
+    num_samples: int = _f(8, ge=0)
+    mode: str = _f("flexible", choices=["flexible", "strict"])
+    keep_unsolved: bool = _f(False)
+    keep_solved: bool = _f(False)
+    min_pass_rate: float = _f(0.0, ge=0.0, le=1.0)
+    max_pass_rate: float = _f(1.0, ge=0.0, le=1.0)
+    min_prompts: int = _f(100, ge=1)
+    max_new_tokens: int = _f(128, ge=1)
+    backend: str = _f("auto", choices=["auto", "vllm", "transformers"])
+    seed: int = _f(0, ge=0)
+
+
+@dataclass
+class RewardsParams:
+    funcs: list[str] = _f(["seed_combined"])
+    weights: list[float] = _f([1.0])
+
+
+@dataclass
+class EvaluateParams:
+    output_dir: str = _f("reports/eval", path="output_dir")
+    include_base: bool = _f(False)
+    data: str = _f("")
+    limit: int = _f(0, ge=0)
+    protocol: str = _f("grpoflow", choices=["grpoflow", "lm-eval-gsm8k"])
+    backend: str = _f("auto", choices=["auto", "vllm", "transformers"])
+    vllm_python: str = _f(".venv-vllm/bin/python")
+    vllm_args: dict = _f({})
+    max_new_tokens: int = _f(256, ge=1)
+    batch_size: int = _f(32, ge=1)
+    dtype: str = _dtype()
+    num_fewshot: int = _f(5, ge=0)
+    fewshot_seed: int = _f(1234, ge=0)
+    fewshot_source: str = _f("")
+    target_band: str | int = _f("")  # `-S evaluate.target_band=3` reads as YAML's 3: params_rules makes it "3"
+    primary_metric: str = _f("accuracy_strict", choices=["accuracy_strict", "accuracy_flexible"])
+    log_items_table: bool = _f(True)
+    seed: int = _f(0, ge=0)
+    num_samples: int = _f(8, ge=0, le=256)
+    endpoint_model: str = _f("")
+    endpoint_concurrency: int = _f(64, ge=1, le=1024)
+    endpoint_retries: int = _f(5, ge=0)
+    endpoint_timeout: float = _f(300.0, gt=0.0)
+
+
+@dataclass
+class RegisterParams:
+    enabled: bool = _f(True)
+    model_name: str = _f("grpoflow-policy")
+    model_stage: str = _f("grpo")
+    alpha: float = _f(0.05, gt=0.0, le=1.0)
+    min_delta: float = _f(0.0, ge=0.0, le=1.0)
+    min_items: int = _f(100, ge=1)
+
+
+@dataclass
+class TrackingParams:
+    uri: str = _f("sqlite:///mlflow.db")
+    artifact_location: str = _f("mlartifacts")
+    experiment: str = _f("grpoflow")
+    run_lock_timeout: float = _f(600.0, ge=0.0)
+
+
+PLACEMENTS = ["local", "process", "docker", "kubernetes"]
+
+
+def _placement() -> Any:
+    return _f("local", choices=PLACEMENTS)
+
+
+@dataclass
+class PlacementParams:
+    data: str = _placement()
+    model: str = _placement()
+    sft: str = _placement()
+    selection: str = _placement()
+    grpo: str = _placement()
+    evaluate: str = _placement()
+
+
+SECTIONS: dict[str, type] = {
+    "data": DataParams,
+    "model": ModelParams,
+    "sft": SFTParams,
+    "selection": SelectionParams,
+    "grpo": GRPOParams,
+    "rewards": RewardsParams,
+    "evaluate": EvaluateParams,
+    "register": RegisterParams,
+    "tracking": TrackingParams,
+    "placement": PlacementParams,
+}
+
+
+@dataclass
+class Params:
+    data: DataParams
+    model: ModelParams
+    sft: SFTParams
+    selection: SelectionParams
+    grpo: GRPOParams
+    rewards: RewardsParams
+    evaluate: EvaluateParams
+    register: RegisterParams
+    tracking: TrackingParams
+    placement: PlacementParams
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+

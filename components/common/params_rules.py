@@ -1,0 +1,197 @@
+"""The checks params pass when they are loaded: each value against its field's type and bounds
+(`coerce`, `check_bounds`: the `choices`/`ge`/`gt`/`le` metadata of components/common/params.py), then the
+rules that span several keys of a section (`check_section`). Every failure is a ConfigError whose
+message names the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from typing import Any
+
+from components.common.errors import ConfigError
+from components.common.params import GRPOParams
+from components.problems.bands import parse_band
+
+# Keys the training stages set in TRL's config themselves; a `trainer:` mapping may not set them.
+STAGE_OWNED_TRAINER_KEYS = ("output_dir", "resume_from_checkpoint")
+
+
+def keys_with(section: Any, role: str, value: Any = True) -> tuple[str, ...]:
+    """Names of the fields of a section (class or instance) whose metadata `role` equals `value`.
+
+    >>> keys_with(GRPOParams, "path", "input_dir")
+    ('init_dir',)
+    """
+    return tuple(f.name for f in dataclasses.fields(section) if f.metadata.get(role, None) == value)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(key: str, value: Any, tp: Any) -> Any:
+    """Check `value` against the annotation `tp`; ints are accepted where floats are."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return coerce(key, value, arg)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{key}: unexpected value {value!r}")
+    if tp is Any:
+        return value
+    base = origin or tp
+    if base is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if base is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if base is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if base is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    if base is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        (item_tp,) = typing.get_args(tp) or (Any,)
+        return [coerce(f"{key}[{i}]", v, item_tp) for i, v in enumerate(value)]
+    if base is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")  # pragma: no cover
+
+
+def check_bounds(key: str, value: Any, meta: typing.Mapping[str, Any]) -> None:
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(f"{key}: expected one of {meta['choices']}, got {value!r}")
+    if value is None:
+        return
+    if "ge" in meta and value < meta["ge"]:
+        raise ConfigError(f"{key}: expected a value >= {meta['ge']}, got {value!r}")
+    if "gt" in meta and value <= meta["gt"]:
+        raise ConfigError(f"{key}: expected a value > {meta['gt']}, got {value!r}")
+    if "le" in meta and value > meta["le"]:
+        raise ConfigError(f"{key}: expected a value <= {meta['le']}, got {value!r}")
+
+
+
+def _check_trainer_keys(section: str, trainer: dict[str, Any], owned: tuple[str, ...], recipe: tuple[str, ...]) -> None:
+    for key in trainer:
+        if key == "reward_weights" and key in owned:
+            raise ConfigError(f"{section}.trainer.{key}: set rewards.weights instead")
+        if key in owned:
+            hint = f"{section}.{key}" if key in recipe else f"{section}.checkpoint_dir and {section}.resume"
+            raise ConfigError(f"{section}.trainer.{key}: the stage sets it; use {hint} instead")
+
+
+def _check_sources(section: str, cfg: Any, keys: tuple[str, ...], synthetic: bool) -> None:
+    for key in keys:
+        src = getattr(cfg, key)
+        if synthetic:
+            if not (src == "synthetic" or src.startswith("jsonl:") or src.startswith("hf:")):
+                raise ConfigError(
+                    f"{section}.{key}: expected 'synthetic', 'jsonl:PATH' or 'hf:NAME[:CONFIG]', got {src!r}"
+                )
+            if src in ("jsonl:", "hf:"):
+                raise ConfigError(f"{section}.{key}: {src!r} needs a path or dataset name after the colon")
+        elif src and not ((src.startswith("jsonl:") or src.startswith("hf:")) and len(src.split(":", 1)[1]) > 0):
+            raise ConfigError(f"{section}.{key}: expected '', 'jsonl:PATH' or 'hf:NAME[:CONFIG]', got {src!r}")
+
+
+def _check_generation_batch(cfg: Any) -> None:
+    """TRL checks this too, but only once torch and TRL are loaded; fail at load time instead.
+    TrainingArguments defaults: per_device_train_batch_size 8, gradient_accumulation_steps 1."""
+    t = cfg.trainer
+    ints = {k: t.get(k) for k in ("per_device_train_batch_size", "generation_batch_size",
+                                    "steps_per_generation", "gradient_accumulation_steps")}
+    if any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in ints.values()):
+        return  # a mistyped value; building TRL's GRPOConfig at stage start reports it
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    per_step = (ints["per_device_train_batch_size"] or 8) * world
+    generation = ints["generation_batch_size"] or per_step * (
+        ints["steps_per_generation"] or ints["gradient_accumulation_steps"] or 1
+    )
+    if generation % cfg.num_generations:
+        raise ConfigError(
+            f"grpo.num_generations: the generation batch of {generation} completions "
+            f"(trainer.per_device_train_batch_size x processes x steps_per_generation) is not divisible by "
+            f"num_generations={cfg.num_generations}; make grpo.trainer.per_device_train_batch_size a "
+            f"multiple of {cfg.num_generations}"
+        )
+
+
+def _check_rewards(cfg: Any) -> None:
+    # Names are checked where rewards are used (components/training/rewards.py check_reward_names).
+    if not cfg.funcs:
+        raise ConfigError("rewards.funcs: give at least one reward function")
+    if len(cfg.weights) != len(cfg.funcs):
+        raise ConfigError(
+            f"rewards.weights: {len(cfg.weights)} weights for {len(cfg.funcs)} funcs "
+            f"({', '.join(cfg.funcs)}); give one weight per func"
+        )
+    for i, w in enumerate(cfg.weights):
+        if w != w or w in (float("inf"), float("-inf")):
+            raise ConfigError(f"rewards.weights[{i}]: expected a finite number, got {w!r}")
+
+
+def check_section(name: str, cfg: Any) -> None:
+    """The rules that span several keys of section `name` (its values already passed `coerce`)."""
+    if name == "data":
+        _check_sources("data", cfg, ("train_source", "test_source"), synthetic=True)
+        if cfg.synthetic_answer_only_min_steps > cfg.synthetic_answer_only_max_steps:
+            raise ConfigError(
+                f"data.synthetic_answer_only_min_steps ({cfg.synthetic_answer_only_min_steps}) is above "
+                f"data.synthetic_answer_only_max_steps ({cfg.synthetic_answer_only_max_steps})"
+            )
+        if cfg.demo_max_steps and cfg.answer_only_min_steps and cfg.answer_only_min_steps <= cfg.demo_max_steps:
+            raise ConfigError(
+                f"data.answer_only_min_steps ({cfg.answer_only_min_steps}) must be above data.demo_max_steps "
+                f"({cfg.demo_max_steps}): a row is a demonstration or an answer-only problem, not both"
+            )
+        if cfg.synthetic_answer_only_size and cfg.train_source != "synthetic":
+            raise ConfigError(
+                "data.synthetic_answer_only_size needs data.train_source=synthetic; with another source set "
+                "data.answer_only_share (the share of its train rows whose solution is withheld)"
+            )
+    elif name == "model" and cfg.name_or_path.strip() in ("", "gguf:"):
+        raise ConfigError(f"model.name_or_path: {cfg.name_or_path!r} needs a model (gguf: needs a file path)")
+    elif name == "model" and cfg.tiny_hidden_size % cfg.tiny_num_heads:
+        raise ConfigError(
+            f"model.tiny_num_heads: {cfg.tiny_num_heads} does not divide model.tiny_hidden_size {cfg.tiny_hidden_size}"
+        )
+    elif name == "sft":
+        _check_trainer_keys("sft", cfg.trainer, STAGE_OWNED_TRAINER_KEYS, ())
+        if cfg.plateau_patience and not cfg.dev_size:
+            raise ConfigError("sft.plateau_patience needs a dev split to watch: set sft.dev_size (e.g. 200)")
+    elif name == "selection" and cfg.min_pass_rate > cfg.max_pass_rate:
+        raise ConfigError(f"selection.min_pass_rate ({cfg.min_pass_rate}) is above selection.max_pass_rate "
+                          f"({cfg.max_pass_rate}): no pass rate is in the band")
+    elif name == "grpo":
+        recipe = keys_with(GRPOParams, "recipe") + ("reward_weights",)
+        _check_trainer_keys("grpo", cfg.trainer, STAGE_OWNED_TRAINER_KEYS + recipe, recipe)
+        _check_generation_batch(cfg)
+    elif name == "rewards":
+        _check_rewards(cfg)
+    elif name == "evaluate":
+        _check_sources("evaluate", cfg, ("data", "fewshot_source"), synthetic=False)
+        cfg.target_band = str(cfg.target_band)  # `-S evaluate.target_band=3` reads as YAML's 3: one spelling
+        parse_band(cfg.target_band)

@@ -1,0 +1,291 @@
+"""The evaluation reports on disk and in MLflow: written by the evaluate stage and `grpoflow evaluate`,
+read by the registry, the promotion gate and the run summary.
+
+In `evaluate.output_dir`: `<model>.json` (every metric of the model), `<model>.items.jsonl`
+(one scored row per problem; the promotion gate pairs items by id), `comparison.json`,
+`accuracy.csv` (accuracy per model and metric with its Wilson interval: the data of the accuracy
+plot in dvc.yaml) and `metrics/<model>.json` (the headline: correctness, format and n; the DVC
+metrics files, small enough that `dvc metrics show` fits a terminal).
+All files of one evaluation appear together (components/common/files.py `write_files`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from components.common.errors import InputError
+from components.common.files import JSONLineError, csv_bytes, iter_jsonl, json_bytes, jsonl_bytes, write_files
+from components.common.tracking import TAG_PREFIX, metric_key
+
+Results = dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]  # {model: (metrics, items)}
+COMPARISON = "comparison"
+ACCURACY_CSV = "accuracy.csv"
+ACCURACY_METRICS = {"strict": "accuracy_strict", "flexible": "accuracy_flexible"}
+HEADLINE_DIR = "metrics"  # `<eval dir>/metrics/<model>.json`: what dvc.yaml declares as metrics
+HEADLINE_KEYS = ("accuracy_flexible", "accuracy_strict", "format_rate", "n")
+# With evaluate.target_band the headline is the band's: correctness there, on the other bands, and format.
+BAND_HEADLINE_KEYS = {"target_accuracy_flexible": ("target", "accuracy_flexible"),
+                      "target_accuracy_strict": ("target", "accuracy_strict"), "target_n": ("target", "n"),
+                      "in_band_accuracy_flexible": ("in_band", "accuracy_flexible")}
+STEPS_CSV = "accuracy_by_steps.csv"  # flexible accuracy per step count, one column per model: a dvc plot
+
+
+def write_reports(out_dir: str | os.PathLike, results: Results, comparison: dict[str, Any] | None) -> list[Path]:
+    """`<model>.json`, `<model>.items.jsonl` and `metrics/<model>.json` per model (and `comparison.json`),
+    all or none."""
+    files = {}
+    for name, (metrics, items) in results.items():
+        files[f"{name}.json"] = json_bytes(metrics)
+        files[f"{name}.items.jsonl"] = jsonl_bytes(items)
+        files[f"{HEADLINE_DIR}/{name}.json"] = json_bytes(headline_metrics(metrics))
+    if comparison is not None:
+        files[f"{COMPARISON}.json"] = json_bytes(comparison)
+    files[ACCURACY_CSV] = csv_bytes(accuracy_rows({name: m for name, (m, _) in results.items()}))
+    files[STEPS_CSV] = csv_bytes(steps_rows({name: m for name, (m, _) in results.items()}))
+    return write_files(out_dir, files)
+
+
+def headline_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The few metrics `dvc metrics show` lists per model: correctness, format and the number of items;
+    with a target band, correctness on the band and on the other bands instead of over all items.
+
+    >>> headline_metrics({"accuracy_flexible": 0.5, "accuracy_strict": 0.25, "format_rate": 0.5, "n": 4, "load_seconds": 2.0})
+    {'accuracy_flexible': 0.5, 'accuracy_strict': 0.25, 'format_rate': 0.5, 'n': 4}
+    >>> headline_metrics({"format_rate": 1.0, "target": {"accuracy_flexible": 0.2, "accuracy_strict": 0.2, "n": 5},
+    ...                   "in_band": {"accuracy_flexible": 0.9}})
+    {'target_accuracy_flexible': 0.2, 'target_accuracy_strict': 0.2, 'target_n': 5, 'in_band_accuracy_flexible': 0.9, 'format_rate': 1.0}
+    """
+    if "target" in metrics:
+        out = {key: metrics[part][name] for key, (part, name) in BAND_HEADLINE_KEYS.items()
+               if name in metrics.get(part, {})}
+        return {**out, "format_rate": metrics["format_rate"]} if "format_rate" in metrics else out
+    return {key: metrics[key] for key in HEADLINE_KEYS if key in metrics}
+
+
+def steps_rows(metrics: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Flexible accuracy per step count, one column per model (unbanded problems left out).
+
+    >>> steps_rows({"sft": {"by_steps": {"1": {"accuracy_flexible": 0.9}, "3": {"accuracy_flexible": 0.1}}},
+    ...             "grpo": {"by_steps": {"1": {"accuracy_flexible": 0.8}, "3": {"accuracy_flexible": 0.2}}}})
+    [{'steps': 1, 'sft': 0.9, 'grpo': 0.8}, {'steps': 3, 'sft': 0.1, 'grpo': 0.2}]
+    """
+    keys = sorted({int(k) for m in metrics.values() for k in m.get("by_steps", {}) if k.isdigit()})
+    return [{"steps": k, **{model: m["by_steps"][str(k)]["accuracy_flexible"] for model, m in metrics.items()
+                            if str(k) in m.get("by_steps", {})}} for k in keys]
+
+
+def accuracy_rows(metrics: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per model and metric (strict, flexible): accuracy, Wilson 95% interval, n.
+
+    >>> accuracy_rows({"grpo": {"n": 10, "accuracy_strict": 0.5, "accuracy_strict_ci95": [0.24, 0.76]}})
+    [{'model': 'grpo', 'metric': 'strict', 'accuracy': 0.5, 'ci_low': 0.24, 'ci_high': 0.76, 'n': 10}]
+    """
+    rows = []
+    for metric, key in ACCURACY_METRICS.items():
+        for model, m in metrics.items():
+            if key in m:
+                low, high = m.get(f"{key}_ci95") or (None, None)
+                rows.append({"model": model, "metric": metric, "accuracy": m[key], "ci_low": low, "ci_high": high, "n": m.get("n")})
+    return rows
+
+
+def read_metrics(eval_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """{model: metrics} from `<eval_dir>/<model>.json` (comparison.json excluded; unreadable files skipped)."""
+    out: dict[str, dict[str, Any]] = {}
+    folder = Path(eval_dir)
+    if not folder.is_dir():
+        return out
+    for path in sorted(folder.glob("*.json")):
+        if path.stem == COMPARISON:
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(data, dict):
+            out[path.stem] = data
+    return out
+
+
+def read_comparison(eval_dir: str | os.PathLike) -> dict[str, Any] | None:
+    path = Path(eval_dir) / f"{COMPARISON}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+ITEM_COLUMNS = {"accuracy_strict": "correct", "accuracy_flexible": "correct_flexible"}  # metric -> items column
+
+
+def read_item_rows(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """{item id: row} from an evaluation items file; names the file and line on bad rows."""
+    out: dict[str, dict[str, Any]] = {}
+    for lineno, row in iter_jsonl(path):
+        if isinstance(row, JSONLineError):
+            raise InputError(f"{path}:{lineno}: not valid JSON ({row})")
+        if not isinstance(row, dict) or "id" not in row or not isinstance(row.get("correct"), bool):
+            raise InputError(f"{path}:{lineno}: expected an object with 'id' and boolean 'correct'")
+        out[str(row["id"])] = row
+    return out
+
+
+def item_column(rows: dict[str, dict[str, Any]], metric: str, where: str) -> dict[str, bool]:
+    """{item id: correct by `metric`} (accuracy_strict or accuracy_flexible); names `where` when an
+    item lacks the metric's column (items written before the column existed)."""
+    column = ITEM_COLUMNS[metric]
+    for item_id, row in rows.items():
+        if not isinstance(row.get(column), bool):
+            raise InputError(f"{where}: item {item_id} has no boolean {column!r}, which {metric} needs; "
+                             "evaluate the model again")
+    return {item_id: row[column] for item_id, row in rows.items()}
+
+
+def read_items(path: str | os.PathLike, metric: str = "accuracy_strict") -> dict[str, bool]:
+    """{item id: correct by `metric`} from an evaluation items file; names the file and line on bad rows."""
+    return item_column(read_item_rows(path), metric, str(path))
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def verdict(strict: dict[str, Any] | None, flexible: dict[str, Any] | None, alpha: float = 0.05) -> str:
+    """What a paired comparison says about correctness, in words: strict accuracy needs the right
+    answer in the `<answer>` tag, flexible accuracy only the right answer (correctness).
+
+    >>> verdict({"delta": 0.095, "p_value": 1e-13}, {"delta": -0.012, "p_value": 0.4})
+    'the gain is format, not correctness'
+    >>> verdict({"delta": 0.05, "p_value": 0.001}, {"delta": 0.04, "p_value": 0.01})
+    'correctness rose'
+    >>> verdict({"delta": 0.0, "p_value": 1.0}, {"delta": -0.03, "p_value": 0.01})
+    'correctness fell'
+    >>> verdict({"delta": 0.01, "p_value": 0.5}, {"delta": 0.01, "p_value": 0.5})
+    'no significant change in correctness'
+    """
+    def significant(r: dict[str, Any] | None, sign: int) -> bool:
+        return bool(r) and sign * r["delta"] > 0 and r["p_value"] < alpha
+
+    if significant(strict, 1) and not significant(flexible, 1):
+        return "the gain is format, not correctness" + (" (correctness fell)" if significant(flexible, -1) else "")
+    if significant(flexible, 1):
+        return "correctness rose"
+    if significant(flexible, -1):
+        return "correctness fell"
+    return "no significant change in correctness"
+
+
+def headline(a: str, b: str, by_metric: dict[str, dict[str, Any]], format_a: float | None = None,
+             format_b: float | None = None, alpha: float = 0.05) -> str:
+    """One line comparing model `a` with `b` (from b to a) on the same items: correctness (flexible accuracy) first,
+    format (the answer is tagged) apart, strict accuracy (both), then the verdict in words.
+
+    >>> by = {"accuracy_flexible": {"accuracy_a": 0.12, "accuracy_b": 0.132, "delta": -0.012, "ci95": [-0.04, 0.016],
+    ...                             "p_value": 0.4},
+    ...       "accuracy_strict": {"accuracy_a": 0.12, "accuracy_b": 0.025, "delta": 0.095, "p_value": 1.4e-13}}
+    >>> print(headline("grpo", "sft", by, 0.993, 0.288))
+    correctness (accuracy_flexible, the answer is right) sft 13.2% -> grpo 12.0%, -1.2 points (95% CI -4.0 to +1.6), exact McNemar p = 0.4; format (the answer is tagged) 28.8% -> 99.3%; accuracy_strict (right and tagged) 2.5% -> 12.0%, +9.5 points, p = 1.4e-13: the gain is format, not correctness
+    """
+    parts = []
+    flex, strict = by_metric.get("accuracy_flexible"), by_metric.get("accuracy_strict")
+    if flex:
+        ci = flex.get("ci95")
+        interval = f" (95% CI {100 * ci[0]:+.1f} to {100 * ci[1]:+.1f})" if ci else ""
+        parts.append(f"correctness (accuracy_flexible, the answer is right) {b} {_pct(flex['accuracy_b'])} -> "
+                     f"{a} {_pct(flex['accuracy_a'])}, {100 * flex['delta']:+.1f} points{interval}, "
+                     f"exact McNemar p = {flex['p_value']:.2g}")
+    if format_a is not None and format_b is not None:
+        parts.append(f"format (the answer is tagged) {_pct(format_b)} -> {_pct(format_a)}")
+    if strict:
+        parts.append(f"accuracy_strict (right and tagged) {_pct(strict['accuracy_b'])} -> {_pct(strict['accuracy_a'])}, "
+                     f"{100 * strict['delta']:+.1f} points, p = {strict['p_value']:.2g}")
+    return "; ".join(parts) + f": {verdict(strict, flex, alpha)}"
+
+
+def band_headlines(a: str, b: str, comparison: dict[str, Any], metrics: dict[str, dict[str, Any]],
+                   alpha: float = 0.05) -> list[tuple[str, str]]:
+    """(label, headline) for the target band first, then the other bands, each with its own change
+    (a loss outside the target band is stated, never pooled away); [] without a target band."""
+    from components.problems.bands import band_label, parse_band
+
+    band = parse_band(comparison.get("target_band", ""))
+    out = []
+    for part, what in (("target", f"target band ({band_label(band)})" if band else ""), ("in_band", "other bands")):
+        res = comparison.get(part)
+        if band and res:
+            fmt = [metrics.get(m, {}).get(part, {}).get("format_rate") for m in (a, b)]
+            out.append((f"{a} vs {b}, {what}, n = {res['n']}",
+                        headline(a, b, res.get("by_metric") or {res["metric"]: res}, *fmt, alpha=alpha)))
+    return out
+
+
+def steps_table(metrics: dict[str, Any]) -> str:
+    """Accuracy per number of reasoning steps (and on the target band and the others), as a text table.
+
+    >>> m = {"by_steps": {"1": {"n": 3, "accuracy_flexible": 1.0, "accuracy_strict": 2 / 3, "format_rate": 1.0}},
+    ...      "target_band": "1", "target": {"n": 3, "accuracy_flexible": 1.0, "accuracy_strict": 2 / 3, "format_rate": 1.0}}
+    >>> print(steps_table(m))
+    accuracy per number of reasoning steps (target band: 1 step)
+      steps             n  flexible    strict    format
+      1                 3    100.0%     66.7%    100.0%
+      target band       3    100.0%     66.7%    100.0%
+    """
+    from components.problems.bands import band_label, parse_band
+
+    band = parse_band(metrics.get("target_band", ""))
+    rows = list(metrics.get("by_steps", {}).items())
+    rows += [(label, metrics[part]) for part, label in (("target", "target band"), ("in_band", "other bands"))
+             if band and metrics.get(part, {}).get("n")]
+    head = "accuracy per number of reasoning steps" + (f" (target band: {band_label(band)})" if band else "")
+    lines = [head, f"  {'steps':<12} {'n':>6}  {'flexible':>8}  {'strict':>8}  {'format':>8}"]
+    for label, m in rows:
+        lines.append(f"  {label:<12} {m['n']:>6}  {_pct(m['accuracy_flexible']):>8}  {_pct(m['accuracy_strict']):>8}  "
+                     f"{_pct(m['format_rate']):>8}")
+    return "\n".join(lines)
+
+
+def log_to_mlflow(results: Results, comparison: dict[str, Any] | None, paths: list[Path], log_table: bool) -> None:
+    """Metrics `<model>/<key>`, comparison numbers `<pair>/<key>`, report files and item tables,
+    into the active MLflow run."""
+    import mlflow
+
+    metrics = {}
+    for name, (m, _) in results.items():
+        for key, value in m.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                metrics[metric_key(name, key)] = float(value)
+            elif key.endswith("_ci95"):
+                metrics[metric_key(name, f"{key}_low")], metrics[metric_key(name, f"{key}_high")] = map(float, value)
+        for part, slices in (("target", {"": m.get("target")}), ("in_band", {"": m.get("in_band")}),
+                             ("steps", m.get("by_steps", {}))):  # e.g. grpo/target/accuracy_flexible, grpo/steps_3/...
+            for label, values in slices.items():
+                for key, value in (values or {}).items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool):
+                        metrics[metric_key(name, f"{part}_{label}" if label else part, key)] = float(value)
+    for pair, res in (comparison or {}).items():
+        for part in ("target", "in_band"):  # e.g. grpo_vs_sft/target/accuracy_flexible/delta
+            for metric, r in res.get(part, {}).get("by_metric", {}).items():
+                for key in ("delta", "p_value"):
+                    metrics[metric_key(pair, part, metric, key)] = float(r[key])
+        for key in ("delta", "p_value"):
+            metrics[metric_key(pair, key)] = float(res[key])
+        metrics[metric_key(pair, "ci95_low")], metrics[metric_key(pair, "ci95_high")] = map(float, res["ci95"])
+        for metric, r in res.get("by_metric", {}).items():  # e.g. grpo_vs_sft/maj_at_k_strict/delta
+            for key in ("delta", "p_value"):
+                metrics[metric_key(pair, metric, key)] = float(r[key])
+            metrics[metric_key(pair, metric, "ci95_low")], metrics[metric_key(pair, metric, "ci95_high")] = map(
+                float, r["ci95"]
+            )
+    mlflow.log_metrics(metrics)
+    backends = sorted({m["backend"] for m, _ in results.values()})
+    tags = {f"{TAG_PREFIX}eval.backend": ",".join(backends)}
+    fewshot = sorted({m["fewshot_source"] for m, _ in results.values() if m.get("fewshot_source")})
+    if fewshot:  # lm-eval-gsm8k: which train split the few-shot examples came from
+        tags[f"{TAG_PREFIX}eval.fewshot_source"] = ",".join(fewshot)
+    mlflow.set_tags(tags)
+    for path in paths:
+        mlflow.log_artifact(str(path), artifact_path="eval")
+    if log_table:
+        for name, (_, items) in results.items():
+            columns = {key: [row[key] for row in items] for key in items[0]} if items else {}
+            mlflow.log_table(data=columns, artifact_file=f"eval/{name}_items_table.json")

@@ -1,0 +1,89 @@
+"""`python -m pipelines.params.config`: the effective params (params.yaml with `-S` overrides applied),
+each key preceded by its help text (pipelines/params/help.py) as a comment, the same text params.yaml's
+comments abbreviate. The output is YAML.
+
+    python -m pipelines.params.config                       # every key, its value and what it does
+    python -m pipelines.params.config -S grpo.beta=0.0      # after an override (params.yaml unchanged)
+
+It is also the one import for code outside the stages (the flow, the CLI, tests, benchmarks) that
+needs the params API: the schema (components/common/params.py), loading
+(components/common/params_load.py) and the flow-only writer and remote allow-list
+(pipelines/params/overrides.py). Stages import the modules they need directly, so that neither this
+module, the help text nor the writer is a stage's dvc.yaml dep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import textwrap
+
+import yaml
+
+from components.common.entry import add_params_args, stage_main
+from components.common.errors import ConfigError
+from components.common.params import (
+    GRPO_LOSS_TYPES,
+    PLACEMENTS,
+    SECTIONS,
+    DataParams,
+    EvaluateParams,
+    GRPOParams,
+    ModelParams,
+    Params,
+    PlacementParams,
+    RegisterParams,
+    RewardsParams,
+    SFTParams,
+    TrackingParams,
+)
+from components.common.params_load import apply_override, load_params, params_in, parse_override
+from pipelines.params.help import HELP
+from pipelines.params.overrides import REMOTE_OVERRIDES, check_remote_overrides, write_overrides
+
+__all__ = [
+    "ConfigError", "Params", "SECTIONS", "PLACEMENTS", "GRPO_LOSS_TYPES", "DataParams", "ModelParams", "SFTParams",
+    "GRPOParams", "RewardsParams", "EvaluateParams", "RegisterParams", "TrackingParams", "PlacementParams",
+    "load_params", "params_in", "parse_override", "apply_override", "add_params_args", "stage_main",
+    "write_overrides", "check_remote_overrides", "REMOTE_OVERRIDES", "describe",
+]
+
+
+def describe(params: Params, width: int = 100) -> str:
+    """`params` as YAML, every key preceded by its help text as `#` comments.
+
+    >>> text = describe(load_params(None, ["grpo.beta=0.0"]))
+    >>> print(text[text.index("  # KL coeff"):text.index("  # PPO")], end="")
+      # KL coefficient to the frozen reference model (k3 estimator); 0 drops the reference.
+      beta: 0.0
+    """
+    lines: list[str] = []
+    for name, cls in SECTIONS.items():
+        lines.append(f"{name}:")
+        section = getattr(params, name)
+        for f in dataclasses.fields(cls):
+            help = textwrap.wrap(HELP[f"{name}.{f.name}"], width - 4, break_on_hyphens=False, break_long_words=False)
+            lines += [f"  # {line}" for line in help]
+            value = yaml.safe_dump({f.name: getattr(section, f.name)}, sort_keys=False, width=width)
+            lines += [f"  {line}" for line in value.splitlines()]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.params.config",
+        description="Print the effective params (after overrides) as YAML, every key with its explanation.",
+    )
+    add_params_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        params = load_params(args.params, args.overrides)
+    except ConfigError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    print(describe(params), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,98 @@
+"""Flow-only params code: the `-S` writer that puts a run's overrides into params.yaml (as
+`dvc exp run -S` does, so that DVC sees them), and the allow-list of keys a run started through a
+deployment (remotely) may override. Used by `grpoflow run` (pipelines/training.py) and tests; no
+stage imports it, so neither is a stage's dvc.yaml dep.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import os
+import typing
+from pathlib import Path
+
+from components.common.errors import ConfigError
+from components.common.files import write_text
+from components.common.params_load import apply_override, load_params, parse_override
+
+
+def write_overrides(path: str | os.PathLike, overrides: typing.Iterable[str]) -> None:
+    """Write `section.key=value` overrides into the params file, as `dvc exp run -S` does, so that
+    DVC sees them; comments, quoting and layout of the file are kept (ruamel round trip). All
+    overrides are validated first: a rejected one leaves the file as it was."""
+    overrides = list(overrides)
+    if not overrides:
+        return
+    from ruamel.yaml import YAML
+
+    from components.training.rewards import check_reward_names
+
+    path = Path(path)
+    params = load_params(path if path.exists() else None, overrides)  # validate all before writing any
+    check_reward_names(params.rewards)  # a reward the grpo stage could not load fails now, not hours in
+    yaml_rt = YAML()
+    yaml_rt.preserve_quotes = True
+    yaml_rt.width = 4096
+    yaml_rt.representer.add_representer(
+        type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null")
+    )
+    data = yaml_rt.load(path.read_text()) if path.exists() else None
+    if data is None:
+        data = {}
+    for text in overrides:
+        apply_override(data, text)
+    buf = io.StringIO()
+    yaml_rt.dump(data, buf)
+    write_text(path, buf.getvalue())
+    print(f"{path.name} updated: {', '.join(overrides)}", flush=True)
+
+
+# The keys a run started through a deployment (remotely, e.g. from the Prefect UI) may override.
+# Left out on purpose: every *_dir / *_file (paths decide what a stage writes and deletes),
+# model.trust_remote_code (code from the hub), evaluate.vllm_python and evaluate.vllm_args (what
+# runs), jsonl: sources (files of the worker), tracking.* (where results go), and trainer keys
+# beyond training numbers (TRL's push_to_hub, hub_token, deepspeed, logging_dir, ...).
+_TRAINER_NUMBERS = (
+    "max_steps", "num_train_epochs", "learning_rate", "lr_scheduler_type", "warmup_steps", "warmup_ratio",
+    "weight_decay", "max_grad_norm", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "steps_per_generation", "generation_batch_size", "max_length", "max_completion_length", "seed",
+    "logging_steps", "save_steps", "save_total_limit",
+)
+REMOTE_OVERRIDES = (
+    "data.seed", "data.synthetic_*", "data.max_train_rows", "data.max_test_rows", "data.on_bad_rows",
+    "data.answer_only_share",
+    "data.train_source", "data.test_source",  # synthetic or hf:NAME only
+    "model.name_or_path", "model.revision", "model.dtype", "model.seed", "model.tiny_*",
+    "sft.resume", "sft.demo_*", "sft.dev_*", "sft.plateau_*", "sft.sample_size", "sft.use_lora", "sft.lora.*",
+    "selection.max_candidates", "selection.num_samples", "selection.mode", "selection.keep_*", "selection.min_pass_rate",
+    "selection.max_pass_rate", "selection.min_prompts", "selection.max_new_tokens", "selection.backend", "selection.seed",
+    *(f"sft.trainer.{k}" for k in _TRAINER_NUMBERS),
+    "grpo.resume", "grpo.num_generations", "grpo.temperature", "grpo.beta", "grpo.epsilon", "grpo.loss_type",
+    "grpo.scale_rewards", "grpo.num_iterations", "grpo.sample_size", "grpo.use_lora", "grpo.lora.*",
+    *(f"grpo.trainer.{k}" for k in _TRAINER_NUMBERS),
+    "rewards.funcs", "rewards.weights",  # registry names only, no package.module:function
+    "evaluate.include_base", "evaluate.limit", "evaluate.protocol", "evaluate.backend", "evaluate.max_new_tokens",
+    "evaluate.batch_size", "evaluate.dtype", "evaluate.num_samples", "evaluate.num_fewshot",
+    "evaluate.fewshot_seed", "evaluate.primary_metric", "evaluate.seed", "evaluate.log_items_table",
+    "register.enabled", "register.alpha", "register.min_delta", "register.min_items",
+)
+
+
+def check_remote_overrides(overrides: typing.Iterable[str]) -> None:
+    """Reject an override a remote caller may not make (ConfigError naming the key): keys outside
+    REMOTE_OVERRIDES, files as data sources, and rewards loaded from code by dotted path."""
+
+    for text in overrides:
+        section, key, value = parse_override(text)
+        full = f"{section}.{key}"
+        if not any(fnmatch.fnmatchcase(full, pattern) for pattern in REMOTE_OVERRIDES):
+            raise ConfigError(
+                f"override {text!r}: {full} cannot be set by a remote run (paths, code and services are "
+                "fixed by the worker's checkout); allowed keys: pipelines/params/overrides.py REMOTE_OVERRIDES"
+            )
+        if full in ("data.train_source", "data.test_source") and not (value == "synthetic" or str(value).startswith("hf:")):
+            raise ConfigError(f"override {text!r}: a remote run reads synthetic or hf: data only, not files")
+        if full == "rewards.funcs" and any(":" in str(f) for f in (value if isinstance(value, list) else [value])):
+            raise ConfigError(f"override {text!r}: a remote run picks rewards by registry name, not by code path")
+

@@ -1,0 +1,312 @@
+"""Promotion: the gate that decides whether a registered version becomes `champion` (the flow's
+`promote` step), and the manual moves `grpoflow promote` and `grpoflow rollback`.
+
+`gate()` is the promotion step. `champion` moves to the challenger only if there is no
+champion yet, or if on the same evaluation items (paired by item id, at least
+`register.min_items` of them) the challenger's accuracy beats the champion's by more than zero
+and at least `register.min_delta`, with an exact McNemar p-value below `register.alpha`.
+
+Like with like: each version carries what it was evaluated on (`eval.test_sha256` over the
+items' id, question and gold, `eval.protocol`, `eval.max_new_tokens`). When the champion's
+differ from the challenger's (another `data.seed`, test size, source, protocol or token
+budget), the gate first re-evaluates the champion, downloaded from the registry, on the
+challenger's items with the challenger's settings, then compares; `promotion.test_sha256`,
+`promotion.n` and `promotion.champion_reevaluated` record what it compared.
+
+With `evaluate.target_band` set, the gate pairs only the items of that band (by the challenger's
+items' `steps`; `promotion.target_band` records it): the problems the user named as the goal.
+
+The numbers and the decision are written as version tags (`promotion.*`) and printed. Tags are
+written before the alias moves and `promotion.decision` last, so an interrupted gate is
+completed by the next run instead of leaving a half-written state; the alias moves only if the
+champion read at the start is still the champion just before the move.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from components.common.errors import RegistryError
+from components.common.params import Params
+from components.common.tracking import repo_root, resolve_tracking_uri
+from components.evaluation.reports import ITEM_COLUMNS, headline, item_column, read_item_rows
+from components.problems.bands import band_label, in_band, parse_band
+from pipelines.registry import (
+    CHALLENGER,
+    CHAMPION,
+    DECISION_TAG,
+    EVAL_KEYS,
+    ITEMS_TAG,
+    PREVIOUS_TAG,
+    REASON_TAG,
+    alias_version,
+    client_for,
+    items_path,
+)
+from pipelines.results import Decision, Registration
+
+# Who decided and when (version tags, written with the decision): what a later no-op run reports.
+DECIDED_BY_TAG = "promotion.decided_by_run"
+DECIDED_AT_TAG = "promotion.decided_at"
+
+
+def _download_items(uri: str) -> dict[str, dict[str, Any]]:
+    import mlflow
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp)
+        return read_item_rows(local)
+
+
+def correctness_and_format(challenger: dict[str, dict[str, Any]], champion: dict[str, dict[str, Any]],
+                           version: str, champion_version: str, alpha: float) -> str | None:
+    """The gate's numbers restated as correctness (flexible accuracy) and format (tagged answers) on
+    the shared items, with the verdict in words; None when the items lack those columns.
+
+    >>> ch = {str(i): {"correct": i < 30, "correct_flexible": i < 30, "format_ok": True} for i in range(100)}
+    >>> old = {str(i): {"correct": i < 5, "correct_flexible": i < 32, "format_ok": i < 10} for i in range(100)}
+    >>> correctness_and_format(ch, old, "2", "1", 0.05).endswith("the gain is format, not correctness")
+    True
+    """
+    from components.evaluation.stats import compare_paired
+
+    shared = sorted(set(challenger) & set(champion))
+    rows = [(challenger[i], champion[i]) for i in shared]
+    if not rows or not all(ITEM_COLUMNS["accuracy_flexible"] in x and ITEM_COLUMNS["accuracy_flexible"] in y
+                           for x, y in rows):
+        return None
+    by_metric = {m: compare_paired([bool(x[c]) for x, _ in rows], [bool(y[c]) for _, y in rows])
+                 for m, c in ITEM_COLUMNS.items()}
+    formats = [None, None]
+    if all("format_ok" in x and "format_ok" in y for x, y in rows):
+        formats = [sum(bool(r[k]["format_ok"]) for r in rows) / len(rows) for k in (0, 1)]
+    return headline(f"v{version}", f"champion v{champion_version}", by_metric, *formats, alpha=alpha)
+
+
+def compare_with_champion(
+    challenger: dict[str, bool], champion: dict[str, bool], alpha: float, min_delta: float, min_items: int = 1
+) -> tuple[bool, dict[str, Any]]:
+    """Paired comparison on the shared items; (promote?, numbers).
+
+    >>> ok, n = compare_with_champion({str(i): i < 60 for i in range(100)}, {str(i): i < 40 for i in range(100)}, 0.05, 0.0)
+    >>> ok, n["delta"], n["b"], n["c"], n["p_value"] < 1e-5
+    (True, 0.2, 20, 0, True)
+    >>> compare_with_champion({str(i): i < 60 for i in range(100)}, {str(i): i < 40 for i in range(100)}, 0.05, 0.0, 200)[0]
+    False
+    """
+    from components.evaluation.stats import compare_paired
+
+    shared = sorted(set(challenger) & set(champion))
+    if not shared:
+        return False, {"n": 0, "min_items": min_items}
+    res = compare_paired([challenger[i] for i in shared], [champion[i] for i in shared])
+    numbers = {
+        "n": res["n"],
+        "challenger_accuracy": res["accuracy_a"],
+        "champion_accuracy": res["accuracy_b"],
+        "delta": res["delta"],
+        "ci95": res["ci95"],
+        "p_value": res["p_value"],
+        "b": res["b"],
+        "c": res["c"],
+        "alpha": alpha,
+        "min_delta": min_delta,
+        "min_items": min_items,
+    }
+    ok = res["n"] >= min_items and res["delta"] > 0 and res["delta"] >= min_delta and res["p_value"] < alpha
+    return ok, numbers
+
+
+def _reason(version: str, champion: str, ok: bool, x: dict[str, Any], metric: str = "accuracy_strict") -> str:
+    if x.get("n", 0) == 0:
+        return f"v{version} and champion v{champion} share no evaluation items: not comparable, champion kept"
+    verdict = []
+    if x["n"] < x.get("min_items", 1):
+        verdict.append(f"only {x['n']} shared items, fewer than register.min_items {x['min_items']}")
+    if x["delta"] <= 0:
+        verdict.append("not more accurate")
+    elif x["delta"] < x["min_delta"]:
+        verdict.append(f"gain below min_delta {x['min_delta']}")
+    if x["p_value"] >= x["alpha"]:
+        verdict.append(f"p >= alpha {x['alpha']}")
+    lo, hi = x["ci95"]
+    head = (
+        f"v{version} {metric} {x['challenger_accuracy']:.4f} vs champion v{champion} "
+        f"{x['champion_accuracy']:.4f} on {x['n']} shared items: delta {x['delta']:+.4f} "
+        f"(95% CI {lo:+.4f}..{hi:+.4f}), discordant {x['b']} vs {x['c']}, exact McNemar p={x['p_value']:.4g}"
+    )
+    if ok:
+        return f"{head} < alpha {x['alpha']} and delta >= min_delta {x['min_delta']}: promoted"
+    return f"{head}: {', '.join(verdict)}; champion v{champion} kept"
+
+
+def _tag_value(value: Any) -> str:
+    """Version tags as people read them: strings as they are, booleans as true/false, the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def _write_decision(client, name: str, version: str, decision: Decision, move_alias: bool, run_id: str | None = None) -> None:
+    """Numbers and reason first, then the alias, then the decision tag (the commit marker). The alias
+    moves only if the champion is still the one the decision was made against."""
+    for key, value in decision.numbers.items():
+        client.set_model_version_tag(name, version, f"promotion.{key}", _tag_value(value))
+    client.set_model_version_tag(name, version, REASON_TAG, decision.reason)
+    if run_id:
+        client.set_model_version_tag(name, version, DECIDED_BY_TAG, run_id)
+    client.set_model_version_tag(name, version, DECIDED_AT_TAG, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    if move_alias:
+        now = alias_version(client, name, CHAMPION)
+        if (now.version if now else None) != decision.champion_before:
+            raise RegistryError(
+                f"{name}: the champion moved from v{decision.champion_before} to v{now.version if now else None} "
+                f"while the gate compared v{version} against it; not promoted. Run the pipeline again to "
+                "compare against the new champion."
+            )
+        if decision.champion_before and decision.champion_before != version:
+            client.set_model_version_tag(name, version, PREVIOUS_TAG, decision.champion_before)
+        client.set_registered_model_alias(name, CHAMPION, version)
+    client.set_model_version_tag(name, version, DECISION_TAG, decision.decision)
+
+
+def eval_settings(tags: dict[str, str]) -> dict[str, str | None]:
+    """What a version was evaluated on (`eval.*` tags); None for what it does not record."""
+    return {k: tags.get(f"eval.{k}") for k in EVAL_KEYS}
+
+
+def reevaluate(params: Params, name: str, version: str, root: Path, test_sha256: str | None) -> dict[str, dict[str, Any]]:
+    """Evaluate registered `version` on the challenger's items with the challenger's settings
+    (`params.evaluate`); {item id: scored item}."""
+    from components.evaluation.scoring import data_source, evaluate_model
+    from components.models.modelio import resolve_model
+    from components.problems.sources import load_problems, problems_sha256
+
+    cfg = params.evaluate
+    data = data_source(params)
+    if data.startswith("jsonl:") and not os.path.isabs(data[6:]):
+        data = f"jsonl:{root / data[6:]}"
+    problems = load_problems(data, cfg.limit)
+    if test_sha256 and problems_sha256(problems) != test_sha256:
+        raise RegistryError(
+            f"{data}: these are not the items the challenger was evaluated on (eval.test_sha256 {test_sha256}); "
+            "the test split changed after the evaluate stage ran: run the pipeline again"
+        )
+    print(f"promotion: re-evaluating champion {name} v{version} on the challenger's {len(problems)} items", flush=True)
+    with tempfile.TemporaryDirectory(prefix="grpoflow-champion-") as tmp:
+        model = resolve_model(f"models:/{name}/{version}", download_dir=tmp, params=params)
+        _, items = evaluate_model(model, problems, params, protocol=cfg.protocol, backend=cfg.backend, data=data)
+    return {str(i["id"]): i for i in items}
+
+
+def gate(params: Params, registration: Registration, root: str | os.PathLike | None = None) -> Decision:
+    """Move `champion` to the challenger if the gate passes; the decision is tagged and returned."""
+    root = Path(root or repo_root())
+    name, version = registration.name, registration.version
+    client = client_for(params, root)
+    mv = client.get_model_version(name, version)
+    if DECISION_TAG in mv.tags:  # decided by an earlier run: nothing to do
+        return Decision(
+            name, version, mv.tags[DECISION_TAG], _as_decided(client, mv), mv.tags.get(PREVIOUS_TAG),
+        )
+    client.set_registered_model_alias(name, CHALLENGER, version)
+    champion = alias_version(client, name, CHAMPION)
+    if champion is None:
+        decision = Decision(name, version, "promoted", f"no champion yet: v{version} becomes champion")
+        _write_decision(client, name, version, decision, move_alias=True, run_id=registration.run_id)
+        return decision
+    if champion.version == version:  # an interrupted earlier gate had already moved the alias
+        decision = Decision(name, version, "promoted", mv.tags.get(REASON_TAG, "champion alias already on it"))
+        client.set_model_version_tag(name, version, DECISION_TAG, decision.decision)
+        return decision
+    metric = params.evaluate.primary_metric  # the gate's metric (docs/registry.md says why strict by default)
+    challenger_rows = read_item_rows(items_path(params, root))
+    ours, theirs = eval_settings(mv.tags), eval_settings(champion.tags)
+    reevaluated = ours != theirs or None in theirs.values() or not champion.tags.get(ITEMS_TAG)
+    if reevaluated:
+        champion_rows = reevaluate(params, name, champion.version, root, ours["test_sha256"])
+        if registration.run_id:  # the pipeline run keeps what the champion scored
+            client.log_dict(registration.run_id, {i: r["correct"] for i, r in champion_rows.items()},
+                            f"promotion/champion_v{champion.version}_items.json")
+    else:
+        champion_rows = _download_items(champion.tags[ITEMS_TAG])
+    reg = params.register
+    band = parse_band(params.evaluate.target_band)
+    if band:  # the gate compares on the target band (docs/registry.md): the items whose steps are in it
+        challenger_rows = {i: r for i, r in challenger_rows.items() if in_band(r.get("steps"), band)}
+        champion_rows = {i: r for i, r in champion_rows.items() if i in challenger_rows}
+    ok, numbers = compare_with_champion(
+        item_column(challenger_rows, metric, str(items_path(params, root))),
+        item_column(champion_rows, metric, f"{name} v{champion.version} items"),
+        reg.alpha, reg.min_delta, reg.min_items,
+    )
+    numbers.update(metric=metric, test_sha256=ours["test_sha256"] or "unknown", champion_reevaluated=reevaluated,
+                   target_band=params.evaluate.target_band or "all")
+    reason = _reason(version, champion.version, ok, numbers, f"{metric} on {band_label(band)}" if band else metric)
+    if numbers["n"] and (story := correctness_and_format(challenger_rows, champion_rows, version, champion.version,
+                                                         reg.alpha)):
+        reason += f". {story}"
+    decision = Decision(name, version, "promoted" if ok else "rejected", reason, champion.version, numbers)
+    _write_decision(client, name, version, decision, move_alias=ok, run_id=registration.run_id)
+    return decision
+
+
+def _as_decided(client, mv) -> str:
+    """What is true now about a version an earlier run decided: who is champion, which run decided
+    and when (a version decided before these tags were written names its registering run)."""
+    champion = alias_version(client, mv.name, CHAMPION)
+    if champion is None:
+        now = "no version is champion"
+    elif str(champion.version) == str(mv.version):
+        now = f"v{mv.version} is champion"
+    else:
+        now = f"v{champion.version} is champion, v{mv.version} was {mv.tags[DECISION_TAG]}"
+    run = mv.tags.get(DECIDED_BY_TAG) or mv.tags.get("lineage.pipeline_run_id") or "unknown"
+    when = mv.tags.get(DECIDED_AT_TAG) or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(mv.last_updated_timestamp / 1000))
+    return f"{now}, decided by run {run} on {when}; nothing changed since"
+
+
+def force_promote(params: Params, name: str, version: str, reason: str) -> Decision:
+    """Put `champion` on a version by hand; the reason and who did it are tagged."""
+    client = client_for(params)
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.get_model_version(name, version)
+    except MlflowException:
+        raise RegistryError(f"{name} version {version} does not exist in {resolve_tracking_uri(params)}") from None
+    champion = alias_version(client, name, CHAMPION)
+    before = champion.version if champion else None
+    if before == str(version):
+        raise RegistryError(f"{name} v{version} is already the champion")
+    decision = Decision(name, str(version), "forced", f"forced by {getpass.getuser()}: {reason}", before)
+    _write_decision(client, name, str(version), decision, move_alias=True)
+    return decision
+
+
+def rollback(params: Params, name: str) -> Decision:
+    """Move `champion` back to the version it replaced (its `promotion.previous_champion` tag)."""
+    client = client_for(params)
+    champion = alias_version(client, name, CHAMPION)
+    if champion is None:
+        raise RegistryError(f"{name} has no champion alias to roll back")
+    previous = champion.tags.get(PREVIOUS_TAG)
+    if not previous:
+        raise RegistryError(f"{name} v{champion.version} replaced no earlier champion; nothing to roll back to")
+    user = getpass.getuser()
+    client.set_model_version_tag(name, champion.version, "rollback.reason", f"rolled back by {user} to v{previous}")
+    client.set_registered_model_alias(name, CHAMPION, previous)
+    client.set_model_version_tag(name, previous, "rollback.restored_from", champion.version)
+    return Decision(name, previous, "rollback", f"champion moved back from v{champion.version} to v{previous}",
+                    champion.version)
+
+
+def print_decision(d: Decision, file=None) -> None:
+    print(f"promotion: {d.name} v{d.version}: {d.decision} — {d.reason}", file=file or sys.stdout)

@@ -1,0 +1,217 @@
+"""The MLflow model registry: register the trained policy (the flow's `register` step).
+
+`register()` logs the folder `<register.model_stage>.output_dir` (default `models/grpo`)
+with MLflow's transformers flavour (so `mlflow.transformers.load_model` and pyfunc load it
+back) and explicit pip requirements, logs the evaluation reports next to it, and creates a
+version of `register.model_name` whose tags carry the lineage and metrics and whose
+description holds the base/SFT/GRPO table. The version is created in one call with all
+its tags; `lineage.dvc_lock_md5` is the idempotency key: a pipeline whose dvc.lock did not change
+makes no new version. The new version gets the alias `challenger`; the `promote` step
+(pipelines/promotion.py) decides whether it becomes `champion`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from components.common.errors import RegistryError
+from components.common.params import Params
+from components.common.tracking import configure, package_versions, repo_root
+from components.evaluation.reports import read_comparison, read_items, read_metrics
+from pipelines.results import Registration
+
+CHAMPION = "champion"
+CHALLENGER = "challenger"
+# Version tags are grouped by topic: lineage.* (where the version came from), eval.* (what it was
+# evaluated on), metric.<model>.<key>, promotion.* and rollback.* (what the gate and people did).
+LINEAGE = "lineage."
+LOCK_TAG = f"{LINEAGE}dvc_lock_md5"  # the idempotency key: one version per dvc.lock
+ITEMS_TAG = "eval.items_uri"
+# What the version was evaluated on: the gate compares two versions directly only when these match.
+EVAL_KEYS = ("test_sha256", "protocol", "max_new_tokens")
+DECISION_TAG = "promotion.decision"
+REASON_TAG = "promotion.reason"
+PREVIOUS_TAG = "promotion.previous_champion"
+MODEL_ARTIFACT = "model"
+EVAL_ARTIFACTS = "eval"
+# What the transformers flavour needs to load the folder back; pinned to what trained it.
+# (Left to itself MLflow infers torchvision too, which the CPU stack does not have.)
+REQUIREMENTS = ("torch", "transformers", "tokenizers", "safetensors", "accelerate")
+TABLE_KEYS = ("accuracy_strict", "accuracy_flexible", "format_rate", "mean_completion_tokens", "n")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def pip_requirements() -> list[str]:
+    """`name==version` for the flavour's runtime, local version labels (+cpu) dropped."""
+    reqs = []
+    for name, version in package_versions(REQUIREMENTS).items():
+        if version != "not-installed":
+            reqs.append(f"{name}=={version.split('+', 1)[0]}")
+    return reqs
+
+
+def model_dir(params: Params, root: Path) -> Path:
+    stage = params.register.model_stage
+    section = getattr(params, stage, None)
+    if section is None or not hasattr(section, "output_dir"):
+        raise RegistryError(
+            f"register.model_stage: {stage!r} is not a params section with an output_dir (e.g. 'grpo', 'sft')"
+        )
+    return root / section.output_dir
+
+
+def items_path(params: Params, root: Path) -> Path:
+    return root / params.evaluate.output_dir / f"{params.register.model_stage}.items.jsonl"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def metrics_table(metrics: dict[str, dict[str, Any]], comparison: dict[str, Any] | None = None) -> str:
+    """The base/SFT/GRPO table as markdown (the version description).
+
+    >>> print(metrics_table({"sft": {"accuracy_strict": 0.25, "n": 600}, "grpo": {"accuracy_strict": 0.3, "n": 600}}))
+    | model | accuracy_strict | n |
+    |---|---|---|
+    | sft | 0.2500 | 600 |
+    | grpo | 0.3000 | 600 |
+    """
+    order = [m for m in ("base", "sft", "grpo") if m in metrics] + [m for m in metrics if m not in ("base", "sft", "grpo")]
+    keys = [k for k in TABLE_KEYS if any(k in metrics[m] for m in order)]
+    if not order or not keys:
+        return "No evaluation metrics were found."
+    lines = ["| model | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for m in order:
+        lines.append(f"| {m} | " + " | ".join(_fmt(metrics[m].get(k, "")) for k in keys) + " |")
+    for pair, res in (comparison or {}).items():
+        if isinstance(res, dict) and "delta" in res:
+            lines.append("")
+            lines.append(
+                f"{pair}: delta {_fmt(res['delta'])}"
+                + (f", 95% CI [{_fmt(res['ci95'][0])}, {_fmt(res['ci95'][1])}]" if res.get("ci95") else "")
+                + (f", exact McNemar p = {res['p_value']:.4g}" if "p_value" in res else "")
+            )
+    return "\n".join(lines)
+
+
+def metric_tags(metrics: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Numeric metrics as version tags `metric.<model>.<key>`."""
+    tags = {}
+    for model, values in metrics.items():
+        for key, value in values.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                tags[f"metric.{model}.{key}"] = _fmt(value)
+    return tags
+
+
+def client_for(params: Params, root: str | os.PathLike | None = None):
+    import mlflow
+
+    configure(params, root)
+    return mlflow.MlflowClient()
+
+
+def _ensure_registered_model(client, name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(name, description="GRPO-trained policy registered by the grpoflow pipeline.")
+    except MlflowException as exc:
+        if "already exists" not in str(exc).lower() and "ALREADY_EXISTS" not in str(exc.error_code):
+            raise
+
+
+def find_version(client, name: str, lock_md5: str):
+    """The version registered for this dvc.lock md5, or None."""
+    if not re.fullmatch(r"[0-9a-f]{32}", lock_md5):
+        raise RegistryError(f"dvc.lock md5 {lock_md5!r} is not an md5 hex digest")
+    found = client.search_model_versions(f"name = '{name}' and tags.`{LOCK_TAG}` = '{lock_md5}'")
+    return min(found, key=lambda v: int(v.version)) if found else None
+
+
+def alias_version(client, name: str, alias: str):
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mv = client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+    # MLflow 3 returns the version as an int here and as a str elsewhere.
+    return SimpleNamespace(version=str(mv.version), tags=dict(mv.tags), run_id=mv.run_id)
+
+
+# --------------------------------------------------------------------------- register
+
+
+def register(params: Params, lineage: dict[str, str], run_id: str, root: str | os.PathLike | None = None) -> Registration:
+    """Register the model folder as a new version (once per dvc.lock md5) and alias it challenger."""
+    import mlflow
+
+    root = Path(root or repo_root())
+    name = params.register.model_name
+    client = client_for(params, root)
+    lock_md5 = lineage[LOCK_TAG]
+    _ensure_registered_model(client, name)
+    existing = find_version(client, name, lock_md5)
+    if existing is not None:
+        return Registration(name, str(existing.version), created=False, run_id=existing.run_id)
+
+    src = model_dir(params, root)
+    if not (src / "config.json").is_file():
+        raise RegistryError(
+            f"{src}: no model folder to register (config.json missing); did the "
+            f"'{params.register.model_stage}' stage run?"
+        )
+    eval_dir = root / params.evaluate.output_dir
+    items = items_path(params, root)
+    if not items.is_file():
+        raise RegistryError(f"{items}: evaluation items missing; the promotion gate needs them (run the evaluate stage)")
+    read_items(items)  # fail before registering anything if the file is malformed
+    metrics = read_metrics(eval_dir)
+    comparison = read_comparison(eval_dir)
+
+    import transformers
+
+    # Loaded components, not the folder path: MLflow 3.17's checkpoint-path mode breaks on
+    # transformers 5 (it reads the pipeline class from a field that became a string).
+    components = {
+        "model": transformers.AutoModelForCausalLM.from_pretrained(src, dtype="auto"),
+        "tokenizer": transformers.AutoTokenizer.from_pretrained(src),
+    }
+    with mlflow.start_run(run_id=run_id):
+        info = mlflow.transformers.log_model(
+            transformers_model=components,
+            name=MODEL_ARTIFACT,
+            task="text-generation",
+            pip_requirements=pip_requirements(),
+        )
+        mlflow.log_artifacts(str(eval_dir), EVAL_ARTIFACTS)
+    run = client.get_run(run_id)
+    evaluated = metrics.get(params.register.model_stage, {})
+    tags = {
+        **{k: str(v) for k, v in lineage.items()},
+        **metric_tags(metrics),
+        **{f"eval.{k}": str(evaluated[k]) for k in EVAL_KEYS if k in evaluated},
+        ITEMS_TAG: f"{run.info.artifact_uri.rstrip('/')}/{EVAL_ARTIFACTS}/{items.name}",
+        f"{LINEAGE}model_stage": params.register.model_stage,
+        f"{LINEAGE}pipeline_run_id": run_id,
+    }
+    mv = client.create_model_version(
+        name,
+        source=f"models:/{info.model_id}",
+        run_id=run_id,
+        tags=tags,
+        description=metrics_table(metrics, comparison),
+        model_id=info.model_id,
+    )
+    client.set_registered_model_alias(name, CHALLENGER, str(mv.version))
+    return Registration(name, str(mv.version), created=True, run_id=run_id)

@@ -1,0 +1,172 @@
+"""docs/development.md's guides are followed once: "Adding a stage" adds a throwaway stage `noop` to a
+copy of the repository (module, params section, help, params.yaml, dvc.yaml, RERUNS, docs/files.md),
+the layout and params tests pass on the copy and the stage runs there; leaving out one step makes the
+test the guide names for it fail. Every file and test the guides name exists.
+
+    pytest -q tests/test_development.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+GUIDE = (REPO / "docs" / "development.md").read_text()
+
+NOOP_MODULE = '''"""Stage `noop`: a throwaway stage (tests/test_development.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from components.common.entry import stage_main
+from components.common.files import write_json
+from components.common.params import Params
+
+STAGE = "noop"
+
+
+def run(params: Params) -> Path:
+    from components.common.tracking import stage_run
+
+    with stage_run(STAGE, params):
+        return write_json(params.noop.output_file, {"ok": True})
+
+
+def main(argv: list[str] | None = None) -> int:
+    return stage_main(STAGE, __doc__, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert text.count(old) == 1, f"{path}: {old!r}"
+    path.write_text(text.replace(old, new))
+
+
+def sh(args: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(cwd)}
+    return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, **kw)
+
+
+def add_noop_stage(root: Path, leave_out: str = "") -> None:
+    """The guide's steps 1-6 and 8 for a stage `noop` (step 7, infra/prefect.yaml, is tests/test_infra.py's)."""
+    (root / "components" / "noop.py").write_text(NOOP_MODULE)
+    params = root / "components" / "common" / "params.py"
+    edit(params, "\n\nSECTIONS: dict[str, type] = {", '''
+
+@dataclass
+class NoopParams:
+    output_file: str = _f("reports/noop.json", path="output_file")
+
+
+SECTIONS: dict[str, type] = {''')
+    edit(params, '    "placement": PlacementParams,\n}', '    "placement": PlacementParams,\n    "noop": NoopParams,\n}')
+    edit(params, "    placement: PlacementParams\n", "    placement: PlacementParams\n    noop: NoopParams\n")
+    edit(params, '    evaluate: str = _placement()\n', '    evaluate: str = _placement()\n    noop: str = _placement()\n')
+    if leave_out != "help":
+        edit(root / "pipelines" / "params" / "help.py", "\n}\n",
+             '\n    "placement.noop": "Where the noop stage runs.",\n    "noop.output_file": "The noop stage\'s output.",\n}\n')
+    p = root / "params.yaml"
+    edit(p, "  evaluate: local                # and its run cache (restored here, not re-run)\n",
+         "  evaluate: local                # and its run cache (restored here, not re-run)\n  noop: local   # a throwaway stage\n")
+    p.write_text(p.read_text() + "\nnoop:\n  output_file: reports/noop.json   # the noop stage's output\n")
+    deps = sh([sys.executable, "-c", "import sys; sys.path.insert(0, 'tests'); import test_layout as t; "
+               "print('\\n'.join(sorted(str(t.MODULES[m].relative_to(t.REPO)) for m in t.closure('components.noop') "
+               "if not t.is_package(m))))"], root, check=True).stdout.split()
+    if leave_out == "dep":
+        deps.remove("components/common/files.py")
+    dvc = root / "dvc.yaml"
+    edit(dvc, "\n# `dvc plots show`", "  noop:\n    cmd: python -m components.noop\n    deps:\n"
+         + "".join(f"      - {d}\n" for d in deps) + "    params:\n      - noop\n    outs:\n      - reports/noop.json\n"
+         + "\n# `dvc plots show`")
+    if leave_out != "reruns":
+        layout = root / "tests" / "test_layout.py"
+        text = layout.read_text()
+        for d in deps:
+            text = re.sub(rf'^(    "{re.escape(d)}": {{)(.*)}},$', r'\1\2, "noop"},', text, flags=re.M)
+        text = text.replace("RERUNS = {\n", 'RERUNS = {\n    "components/noop.py": {"noop"},\n', 1)
+        layout.write_text(text)
+    if leave_out != "files":
+        edit(root / "docs" / "files.md", "- `components/evaluate.py` —",
+             "- `components/noop.py` — stage `noop`: a throwaway stage\n- `components/evaluate.py` —")
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    """The tracked files, as a fresh git index (test_file_list_follows_the_tree reads `git ls-files`)."""
+    src = tmp_path_factory.mktemp("clone")
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    for name in tracked.stdout.split():
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
+    return src
+
+
+def stage_copy(clone: Path, dest: Path, leave_out: str = "") -> Path:
+    shutil.copytree(clone, dest)
+    add_noop_stage(dest, leave_out)
+    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
+    return dest
+
+
+CHECKS = ["tests/test_layout.py", "tests/test_config.py::test_every_params_key_has_a_comment_and_help",
+          "tests/test_config.py::test_config_command_explains_every_key_as_yaml",
+          "tests/test_config.py::test_repo_params_load_and_match_dataclass_defaults"]
+
+
+def pytest_in(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return sh([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *args], root)
+
+
+def test_adding_a_stage_as_the_guide_says(clone, tmp_path):
+    root = stage_copy(clone, tmp_path / "repo")
+    res = pytest_in(root, *CHECKS)
+    assert res.returncode == 0, res.stdout[-3000:]
+    ran = sh([sys.executable, "-m", "components.noop"], root)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert (root / "reports" / "noop.json").is_file()
+    described = sh([sys.executable, "-m", "pipelines.params.config"], root, check=True).stdout
+    assert "noop:\n  # The noop stage's output.\n  output_file: reports/noop.json" in described
+
+
+@pytest.mark.parametrize("step, test", [
+    ("dep", "tests/test_layout.py::test_dvc_deps_list_every_module_the_stage_imports"),
+    ("help", "tests/test_config.py::test_every_params_key_has_a_comment_and_help"),
+    ("reruns", "tests/test_layout.py::test_the_rerun_table_covers_every_module_a_stage_imports"),
+    ("files", "tests/test_layout.py::test_file_list_follows_the_tree"),
+])
+def test_a_step_left_out_fails_the_test_the_guide_names(clone, tmp_path, step, test):
+    assert test.split("::")[1] in GUIDE
+    root = stage_copy(clone, tmp_path / "repo", leave_out=step)
+    res = pytest_in(root, test)
+    assert res.returncode == 1 and "failed" in res.stdout, res.stdout[-3000:]
+
+
+def test_the_guides_name_files_and_tests_that_exist():
+    start = GUIDE.index("## Adding a stage")
+    text = GUIDE[start:]
+    for path in set(re.findall(r"`((?:components|pipelines|tests|presets|benchmarks|infra|docs)/[\w./]+)`", text)):
+        if "NAME" not in path:
+            assert (REPO / path).exists(), path
+    names = set(re.findall(r"`(test_\w+)`", text))
+    defined = {m for f in (REPO / "tests").rglob("test_*.py") for m in re.findall(r"^def (test_\w+)", f.read_text(), re.M)}
+    assert names and names <= defined, sorted(names - defined)
+    for section in ("## Adding a stage", "## Adding a reward", "## Adding a preset"):
+        assert section in GUIDE
