@@ -43,13 +43,13 @@ METRICS_KEYS = ("candidates", "kept", "never_solved", "always_solved")  # the DV
 # that `dvc metrics show` stays readable (its columns are every metrics file's keys together)
 
 
-def in_band(rate: float, cfg: Any) -> bool:
+def pass_rate_kept(rate: float, cfg: Any) -> bool:
     """Whether a prompt with this pass rate is kept.
 
     >>> from components.common.params import SelectionParams
-    >>> [in_band(p, SelectionParams()) for p in (0.0, 0.125, 0.875, 1.0)]
+    >>> [pass_rate_kept(p, SelectionParams()) for p in (0.0, 0.125, 0.875, 1.0)]
     [False, True, True, False]
-    >>> [in_band(p, SelectionParams(keep_unsolved=True, max_pass_rate=0.5)) for p in (0.0, 0.5, 0.625)]
+    >>> [pass_rate_kept(p, SelectionParams(keep_unsolved=True, max_pass_rate=0.5)) for p in (0.0, 0.5, 0.625)]
     [True, True, False]
     """
     if rate == 0.0 and not cfg.keep_unsolved:
@@ -97,7 +97,7 @@ def histogram(rates: list[float | None], k: int, cfg: Any) -> list[dict[str, Any
     if not k:
         return []
     counts = Counter(round(r * k) for r in rates if r is not None)
-    return [{"pass_rate": j / k, "prompts": counts.get(j, 0), "kept": in_band(j / k, cfg)} for j in range(k + 1)]
+    return [{"pass_rate": j / k, "prompts": counts.get(j, 0), "kept": pass_rate_kept(j / k, cfg)} for j in range(k + 1)]
 
 
 def pass_rates(params: Params, rows: list[dict[str, str]]) -> tuple[list[float], list[bool], str]:
@@ -114,14 +114,14 @@ def pass_rates(params: Params, rows: list[dict[str, str]]) -> tuple[list[float],
         temperature=params.grpo.temperature, vllm_python=params.evaluate.vllm_python,
         vllm_args=dict(params.evaluate.vllm_args),
     )
-    gen = generate(cfg.model_dir, prompts, settings, cfg.backend, tokenizer=tokenizer, vllm_log=vllm_log(params))
+    gen = generate(cfg.model_dir, prompts, settings, cfg.backend, tokenizer=tokenizer, vllm_log=engine_log(params))
     rates = [sum(gsm8k.is_correct(s, r["gold"], cfg.mode) for s in samples) / len(samples)
              for samples, r in zip(gen.samples, rows, strict=True)]
     greedy = [gsm8k.is_correct(c, r["gold"], cfg.mode) for c, r in zip(gen.completions, rows, strict=True)]
     return rates, greedy, gen.backend
 
 
-def vllm_log(params: Params) -> Path:
+def engine_log(params: Params) -> Path:
     """Where the vLLM engine's log goes: beside the stage's metrics (not a DVC output; gitignored)."""
     return Path(params.selection.metrics_file).with_suffix(".vllm.log")
 
@@ -148,7 +148,7 @@ def choose_prompts(params: Params) -> dict[str, Any]:
     start = time.monotonic()
     if cfg.num_samples:
         rates, greedy, backend = pass_rates(params, rows)
-        kept = [in_band(r, cfg) for r in rates]
+        kept = [pass_rate_kept(r, cfg) for r in rates]
     else:  # no sampling: every candidate, no pass rate
         rates, greedy, backend, kept = [None] * len(rows), [None] * len(rows), "none", [True] * len(rows)
     counts = count(rates, kept, cfg.num_samples)
@@ -190,7 +190,7 @@ def run(params: Params) -> dict[str, Any]:
 
     from components.common.tracking import stage_run
 
-    with stage_run(STAGE, params, logs=[vllm_log(params)]):
+    with stage_run(STAGE, params, logs=[engine_log(params)]):
         out = choose_prompts(params)
         m = out["metrics"]
         mlflow.log_metrics({k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})

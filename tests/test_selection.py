@@ -113,7 +113,7 @@ def test_the_stage_logs_counts_and_the_histogram_figure_to_mlflow(workspace):
     ],
 )
 def test_band(settings, rates, kept):
-    assert [selection.in_band(r, SelectionParams(**settings)) for r in rates] == kept
+    assert [selection.pass_rate_kept(r, SelectionParams(**settings)) for r in rates] == kept
 
 
 def test_an_empty_band_fails_naming_both_keys():
