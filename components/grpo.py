@@ -106,6 +106,21 @@ def _trainer_class():
     return Trainer
 
 
+def dev_split(problems: list[dict[str, Any]], size: int, target_band: str) -> list[dict[str, Any]]:
+    """GRPO's dev split: the last `size` problems of grpo.jsonl in the target band (all of them
+    without one), so that the curve is the band the user named.
+
+    >>> rows = [{"id": str(i), "steps": 1 + i % 3} for i in range(9)]
+    >>> [r["id"] for r in dev_split(rows, 2, "3")], [r["id"] for r in dev_split(rows, 2, "")], dev_split(rows, 0, "3")
+    (['5', '8'], ['7', '8'], [])
+    """
+    from components.problems.bands import in_band, parse_band
+
+    band = parse_band(target_band)
+    pool = [r for r in problems if band is None or in_band(r.get("steps"), band)]
+    return pool[-size:] if size else []
+
+
 def trainer_settings(params: Params) -> tuple[Any, Any]:
     """(trl.GRPOConfig, peft.LoraConfig or None) from the params; a wrong key or value is a ConfigError
     naming it. `grpoflow run` calls it before anything runs, the stage before it loads anything."""
@@ -146,7 +161,7 @@ def run(params: Params) -> Path:
     if not prompts.is_file():
         raise InputError(f"{prompts}: GRPO's selected prompts are missing; run `dvc repro selection` first")
     rows = read_split(prompts)  # the reward needs only `gold`
-    dev = read_split(data_dir / "grpo.jsonl")[-cfg.dev_size:] if cfg.dev_size else []
+    dev = dev_split(read_split(data_dir / "grpo.jsonl"), cfg.dev_size, params.evaluate.target_band)
     if dev:  # held out: never a training prompt
         held = {r["id"] for r in dev}
         rows = [r for r in rows if r["id"] not in held]

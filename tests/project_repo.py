@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 SMALL = [
     "data.synthetic_train_size=200",
     "data.synthetic_test_size=40",
+    "data.synthetic_answer_only_size=80",
     "model.tiny_hidden_size=64",
     "model.tiny_intermediate_size=128",
     "model.tiny_num_heads=2",
@@ -48,6 +49,7 @@ SMALL = [
     "grpo.trainer.max_completion_length=24",
     "grpo.trainer.logging_steps=1",
     "grpo.sample_size=2",
+    "grpo.dev_size=0",  # the GRPO dev curve has its own test (tests/test_grpo_dev.py)
     "evaluate.backend=transformers",
     "evaluate.max_new_tokens=24",
 ]

@@ -46,14 +46,14 @@ class DataParams:
     test_source: str = _f("synthetic")
     output_dir: str = _f("data/processed", path="output_dir")
     synthetic_train_size: int = _f(4000, ge=1)
-    synthetic_test_size: int = _f(600, ge=1)
+    synthetic_test_size: int = _f(1000, ge=1)
     seed: int = _f(1234, ge=0)
-    synthetic_max_steps: int = _f(3, ge=1, le=6)
-    synthetic_max_number: int = _f(20, ge=2)
-    synthetic_test_max_steps: int = _f(0, ge=0, le=6)
-    synthetic_answer_only_size: int = _f(0, ge=0)
-    synthetic_answer_only_min_steps: int = _f(2, ge=1, le=6)
-    synthetic_answer_only_max_steps: int = _f(4, ge=1, le=6)
+    synthetic_max_steps: int = _f(2, ge=1, le=6)
+    synthetic_max_number: int = _f(9, ge=2)
+    synthetic_test_max_steps: int = _f(3, ge=0, le=6)
+    synthetic_answer_only_size: int = _f(3000, ge=0)
+    synthetic_answer_only_min_steps: int = _f(3, ge=1, le=6)
+    synthetic_answer_only_max_steps: int = _f(3, ge=1, le=6)
     answer_only_share: float = _f(0.0, ge=0.0, le=0.99)
     demo_max_steps: int = _f(0, ge=0)
     answer_only_min_steps: int = _f(0, ge=0)
@@ -84,7 +84,7 @@ GRPO_LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", 
 # Defaults of the `trainer:` mappings, tuned for the tiny model on a 2-core CPU (params.yaml
 # repeats them with a comment each); any TRL SFTConfig / GRPOConfig field may be added.
 SFT_TRAINER_DEFAULTS: dict[str, Any] = {
-    "max_steps": 1500,
+    "max_steps": 3000,
     "per_device_train_batch_size": 16,
     "learning_rate": 3.0e-3,
     "lr_scheduler_type": "cosine",
@@ -97,9 +97,9 @@ SFT_TRAINER_DEFAULTS: dict[str, Any] = {
     "seed": 0,
 }
 GRPO_TRAINER_DEFAULTS: dict[str, Any] = {
-    "max_steps": 150,
+    "max_steps": 300,
     "per_device_train_batch_size": 32,
-    "learning_rate": 1.0e-4,
+    "learning_rate": 5.0e-5,
     "lr_scheduler_type": "constant",
     "max_completion_length": 128,
     "logging_steps": 10,
@@ -148,7 +148,7 @@ class SFTParams:
     history_file: str = _history_file("sft")
     checkpoint_dir: str = _checkpoint_dir("sft")
     resume: bool = _resume()
-    demo_untagged_rate: float = _f(0.5, ge=0.0, le=1.0)
+    demo_untagged_rate: float = _f(0.0, ge=0.0, le=1.0)
     demo_wrong_rate: float = _f(0.0, ge=0.0, le=1.0)
     demo_seed: int = _f(0, ge=0)
     dev_size: int = _f(0, ge=0)
@@ -180,7 +180,7 @@ class GRPOParams:
     use_vllm: bool = _f(False, recipe=True)
     vllm_mode: str = _f("colocate", choices=["colocate", "server"], recipe=True)
     sample_size: int = _sample_size()
-    dev_size: int = _f(0, ge=0)
+    dev_size: int = _f(100, ge=0)
     dev_every: int = _f(100, ge=1)
     signal_window: int = _f(100, ge=1, fingerprint=False)  # the signal monitor only watches (so its four keys)
     signal_zero_std: float = _f(0.70, ge=0.0, le=1.0, fingerprint=False)
@@ -197,14 +197,14 @@ class SelectionParams:
     output_file: str = _f("data/selected/prompts.jsonl", path="output_file")
     metrics_file: str = _f("reports/train/selection.json", path="output_file")
     histogram_file: str = _f("reports/train/selection_pass_rates.csv", path="output_file")
-    max_candidates: int = _f(1200, ge=0)
+    max_candidates: int = _f(800, ge=0)
     num_samples: int = _f(8, ge=0)
     mode: str = _f("flexible", choices=["flexible", "strict"])
     keep_unsolved: bool = _f(False)
     keep_solved: bool = _f(False)
     min_pass_rate: float = _f(0.0, ge=0.0, le=1.0)
     max_pass_rate: float = _f(1.0, ge=0.0, le=1.0)
-    min_prompts: int = _f(100, ge=1)
+    min_prompts: int = _f(50, ge=1)
     max_new_tokens: int = _f(128, ge=1)
     backend: str = _f("auto", choices=["auto", "vllm", "transformers"])
     seed: int = _f(0, ge=0)
@@ -212,7 +212,7 @@ class SelectionParams:
 
 @dataclass
 class RewardsParams:
-    funcs: list[str] = _f(["seed_combined"])
+    funcs: list[str] = _f(["accuracy"])
     weights: list[float] = _f([1.0])
 
 
@@ -232,7 +232,7 @@ class EvaluateParams:
     num_fewshot: int = _f(5, ge=0)
     fewshot_seed: int = _f(1234, ge=0)
     fewshot_source: str = _f("")
-    target_band: str | int = _f("")  # `-S evaluate.target_band=3` reads as YAML's 3: params_rules makes it "3"
+    target_band: str | int = _f("3")  # `-S evaluate.target_band=3` reads as YAML's 3: params_rules makes it "3"
     primary_metric: str = _f("accuracy_strict", choices=["accuracy_strict", "accuracy_flexible"])
     log_items_table: bool = _f(True)
     seed: int = _f(0, ge=0)
