@@ -136,8 +136,8 @@ def split_answer_only(train: list[dict[str, str]], cfg: DataParams, exclude: set
     withheld = set(rng.sample(range(len(train)), round(cfg.answer_only_share * len(train))))
     demos = [r for i, r in enumerate(train) if i not in withheld]
     problems += [answer_only(r) for i, r in enumerate(train) if i in withheld]
-    if cfg.synthetic_answer_only_size:
-        seen = exclude | {normalize_question(r["question"]) for r in train}
+    if cfg.synthetic_answer_only_size and cfg.train_source == "synthetic":  # like every synthetic_* key
+        seen = exclude | {normalize_question(r["question"]) for r in train + problems}
         made = collect(iter_synthetic(
             cfg.synthetic_answer_only_size, cfg.seed, "answer-only", seen, cfg.synthetic_answer_only_max_steps,
             cfg.synthetic_max_number, cfg.synthetic_answer_only_min_steps,
@@ -189,7 +189,8 @@ def write_splits(cfg: DataParams) -> dict[str, Any]:
     if cfg.max_test_rows:
         test.rows = test.rows[: cfg.max_test_rows]
 
-    answer_only_rows = bool(cfg.answer_only_share or cfg.synthetic_answer_only_size or cfg.answer_only_min_steps)
+    synthetic_extra = cfg.synthetic_answer_only_size if cfg.train_source == "synthetic" else 0
+    answer_only_rows = bool(cfg.answer_only_share or synthetic_extra or cfg.answer_only_min_steps)
     train.rows, grpo_rows, outside = split_answer_only(train.rows, cfg, exclude)
     files = {"train.jsonl": jsonl_bytes(train.rows), "grpo.jsonl": jsonl_bytes(grpo_rows),
              "test.jsonl": jsonl_bytes(test.rows)}

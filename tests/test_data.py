@@ -312,8 +312,6 @@ def test_answer_only_settings_fail_early_naming_the_key(tmp_path):
 
     with pytest.raises(ConfigError, match="synthetic_answer_only_min_steps .* is above"):
         load_params(None, ["data.synthetic_answer_only_min_steps=4", "data.synthetic_answer_only_max_steps=2"])
-    with pytest.raises(ConfigError, match="needs data.train_source=synthetic; .* data.answer_only_share"):
-        load_params(None, ["data.train_source=jsonl:x.jsonl", "data.synthetic_answer_only_size=10"])
 
 
 # GSM8K-format rows of 1, 2, 3 and 4 calculator annotations, one without annotations (3 reasoning

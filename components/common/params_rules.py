@@ -167,11 +167,6 @@ def check_section(name: str, cfg: Any) -> None:
                 f"data.answer_only_min_steps ({cfg.answer_only_min_steps}) must be above data.demo_max_steps "
                 f"({cfg.demo_max_steps}): a row is a demonstration or an answer-only problem, not both"
             )
-        if cfg.synthetic_answer_only_size and cfg.train_source != "synthetic":
-            raise ConfigError(
-                "data.synthetic_answer_only_size needs data.train_source=synthetic; with another source set "
-                "data.answer_only_share (the share of its train rows whose solution is withheld)"
-            )
     elif name == "model" and cfg.name_or_path.strip() in ("", "gguf:"):
         raise ConfigError(f"model.name_or_path: {cfg.name_or_path!r} needs a model (gguf: needs a file path)")
     elif name == "model" and cfg.tiny_hidden_size % cfg.tiny_num_heads:

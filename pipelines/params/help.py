@@ -40,7 +40,7 @@ HELP: dict[str, str] = {
     "data.synthetic_answer_only_size": (
         'Synthetic problems made for GRPO with only their final answer (grpo.jsonl), drawn from the '
         'harder band synthetic_answer_only_min_steps..synthetic_answer_only_max_steps; SFT never sees'
-        ' them (0 = none).'
+        ' them (0 = none). Like every synthetic_* key, it applies only when train_source is synthetic.'
     ),
     "data.synthetic_answer_only_min_steps": 'Fewest steps of a synthetic answer-only problem.',
     "data.synthetic_answer_only_max_steps": 'Most steps of a synthetic answer-only problem.',
