@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common.entry import stage_main
-from components.common.params import Params
+from components.common.params import Params, SFTParams
 from components.training.dev_accuracy import Plateau, dev_callback
 
 STAGE = "sft"
@@ -67,7 +67,7 @@ def wrong_answer(solution: str, gold: str, rng: random.Random) -> str:
     return str(int(shifted)) if shifted == int(shifted) else str(shifted)
 
 
-def build_demos(rows: list[dict[str, str]], tokenizer: Any, cfg) -> tuple[Any, dict[str, int]]:
+def build_demos(rows: list[dict[str, str]], tokenizer: Any, cfg: SFTParams) -> tuple[Any, dict[str, int]]:
     """The prompt/completion dataset and counts of untagged and wrong demonstrations."""
     from datasets import Dataset
 

@@ -163,7 +163,7 @@ def code_md5s(stage: str) -> dict[str, str]:
     return {d: md5_file(d) for d in deps}
 
 
-def fingerprint_fields(section: Any) -> dict[str, Any]:
+def fingerprint_fields(section: SFTParams | GRPOParams) -> dict[str, Any]:
     """A params section's values that shape training: every field but those marked
     `fingerprint=False` in components/common/params.py (paths, resume, sample_size, the GRPO monitor)."""
     return {
