@@ -147,11 +147,14 @@ def run(params: Params) -> Path:
     from components.models import modelio
     from components.problems import gsm8k
     from components.problems.sources import read_split
-    from components.training import finetune, signal_monitor
+    from components.training import signal_monitor
+    from components.training.dev_accuracy import dev_callback
     from components.training.rewards import build_rewards
+    from components.training.stage_run import train_stage
 
     cfg, data_dir = params.grpo, Path(params.data.output_dir)
-    args, peft_config = trainer_settings(params)  # fails before any data or model is loaded
+    settings = trainer_settings(params)  # fails before any data or model is loaded
+    max_new_tokens = settings[0].max_completion_length or 256
     modelio.require_model_dir(cfg.init_dir, "SFT model", "sft")
     try:
         reward_funcs, weights = build_rewards(params.rewards)
@@ -167,7 +170,6 @@ def run(params: Params) -> Path:
         rows = [r for r in rows if r["id"] not in held]
         if not rows:
             raise ConfigError(f"grpo.dev_size={cfg.dev_size} holds out every selected prompt; lower it")
-    samples = read_split(data_dir / "test.jsonl", limit=cfg.sample_size) if cfg.sample_size else []
 
     model, tokenizer = modelio.load_model_and_tokenizer(cfg.init_dir, params.model)
     dataset = Dataset.from_dict(
@@ -176,9 +178,6 @@ def run(params: Params) -> Path:
             "gold": [r["gold"] for r in rows],  # the rewards read this column
         }
     )
-    fp = finetune.fingerprint(STAGE, fingerprint_settings(params), [prompts, cfg.init_dir])
-    checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, STAGE)
-
     monitor = signal_monitor.SignalMonitor(
         window=1,  # set from trainer.logging_steps when training starts
         zero_std=cfg.signal_zero_std,
@@ -186,32 +185,20 @@ def run(params: Params) -> Path:
         max_kl=cfg.signal_max_kl,
         max_reward=signal_monitor.max_reward(weights),
     )
-
     callbacks = [signal_monitor.callback(monitor, cfg.signal_window)]
     if dev:
-        from components.training.dev_accuracy import dev_callback
-
-        callbacks.append(dev_callback(dev, tokenizer, cfg.dev_every, args.max_completion_length or 256, at_start=True))
+        callbacks.append(dev_callback(dev, tokenizer, cfg.dev_every, max_new_tokens, at_start=True))
 
     def summary() -> dict[str, Any]:
         return {**monitor.summary(), **(callbacks[1].summary() if dev else {})}
 
-    with finetune.tracked(STAGE, params, args):
-        trainer = _trainer_class()(
-            model=model,
-            reward_funcs=reward_funcs,
-            args=args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            peft_config=peft_config,
-            callbacks=callbacks,
-        )
-        finetune.train_and_save(
-            STAGE, trainer, checkpoint, cfg, samples=samples, max_new_tokens=args.max_completion_length or 256,
-            history_names=history_names(trainer.reward_func_names, params.rewards.funcs), history_required=HISTORY_REQUIRED,
-            after_training=summary,
-        )
-    return Path(cfg.output_dir)
+    return train_stage(
+        STAGE, params, _trainer_class(), settings, model=model, tokenizer=tokenizer, dataset=dataset,
+        callbacks=callbacks, inputs=[prompts, cfg.init_dir], fingerprint=fingerprint_settings(params),
+        max_new_tokens=max_new_tokens, reward_funcs=reward_funcs, history_required=HISTORY_REQUIRED,
+        history_names=lambda trainer: history_names(trainer.reward_func_names, params.rewards.funcs),
+        after_training=summary,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,14 +36,14 @@ from typing import Any
 
 from components.common.entry import stage_main
 from components.common.errors import DataError
-from components.common.params import Params
+from components.common.params import Params, SelectionParams
 
 STAGE = "selection"
 METRICS_KEYS = ("candidates", "kept", "never_solved", "always_solved")  # the DVC metrics file: few keys, so
 # that `dvc metrics show` stays readable (its columns are every metrics file's keys together)
 
 
-def pass_rate_kept(rate: float, cfg: Any) -> bool:
+def pass_rate_kept(rate: float, cfg: SelectionParams) -> bool:
     """Whether a prompt with this pass rate is kept.
 
     >>> from components.common.params import SelectionParams
@@ -87,7 +87,7 @@ def count(rates: list[float | None], kept: list[bool], k: int) -> dict[str, Any]
     }
 
 
-def histogram(rates: list[float | None], k: int, cfg: Any) -> list[dict[str, Any]]:
+def histogram(rates: list[float | None], k: int, cfg: SelectionParams) -> list[dict[str, Any]]:
     """Prompts per pass rate (0, 1/k, ..., 1) and whether the band keeps that rate.
 
     >>> from components.common.params import SelectionParams

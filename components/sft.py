@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common.entry import stage_main
-from components.common.params import Params
+from components.common.params import Params, SFTParams
 from components.training.dev_accuracy import Plateau, dev_callback
 
 STAGE = "sft"
@@ -67,7 +67,7 @@ def wrong_answer(solution: str, gold: str, rng: random.Random) -> str:
     return str(int(shifted)) if shifted == int(shifted) else str(shifted)
 
 
-def build_demos(rows: list[dict[str, str]], tokenizer: Any, cfg) -> tuple[Any, dict[str, int]]:
+def build_demos(rows: list[dict[str, str]], tokenizer: Any, cfg: SFTParams) -> tuple[Any, dict[str, int]]:
     """The prompt/completion dataset and counts of untagged and wrong demonstrations."""
     from datasets import Dataset
 
@@ -125,37 +125,27 @@ def trainer_settings(params: Params) -> tuple[Any, Any]:
 
 def run(params: Params) -> Path:
     """Train and write the SFT model folder; returns its path."""
-    import mlflow
     from trl import SFTTrainer
 
     from components.models import modelio
     from components.problems.sources import read_split
-    from components.training import finetune
+    from components.training.stage_run import train_stage
 
-    cfg, data_dir = params.sft, Path(params.data.output_dir)
-    args, peft_config = trainer_settings(params)  # fails before any data or model is loaded
+    cfg, train = params.sft, Path(params.data.output_dir) / "train.jsonl"
+    settings = trainer_settings(params)  # fails before any data or model is loaded
     modelio.require_model_dir(params.model.base_dir, "base model", "model")
-    rows = read_split(data_dir / "train.jsonl")
-    samples = read_split(data_dir / "test.jsonl", limit=cfg.sample_size) if cfg.sample_size else []
+    rows, dev = split_dev(read_split(train), cfg.dev_size)
 
-    rows, dev = split_dev(rows, cfg.dev_size)
     model, tokenizer = modelio.load_model_and_tokenizer(params.model.base_dir, params.model)
     dataset, counts = build_demos(rows, tokenizer, cfg)
     callbacks = [dev_callback(dev, tokenizer, cfg.dev_every, cfg.dev_max_new_tokens,
                               Plateau(cfg.plateau_patience, cfg.plateau_min_delta))] if dev else []
-    fp = finetune.fingerprint(STAGE, fingerprint_settings(params), [data_dir / "train.jsonl", params.model.base_dir])
-    checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, STAGE)
 
-    with finetune.tracked(STAGE, params, args):
-        if args.process_index == 0:
-            mlflow.log_metrics({k: float(v) for k, v in counts.items()})
-        trainer = SFTTrainer(
-            model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
-            callbacks=callbacks,
-        )
-        finetune.train_and_save(STAGE, trainer, checkpoint, cfg, samples=samples, max_new_tokens=256, extra=counts,
-                                after_training=callbacks[0].summary if callbacks else None)
-    return Path(cfg.output_dir)
+    return train_stage(
+        STAGE, params, SFTTrainer, settings, model=model, tokenizer=tokenizer, dataset=dataset, callbacks=callbacks,
+        inputs=[train, params.model.base_dir], fingerprint=fingerprint_settings(params), metrics=counts,
+        after_training=callbacks[0].summary if callbacks else None,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

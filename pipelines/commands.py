@@ -21,14 +21,18 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from components.common.entry import fail
 from components.common.tracking import check_reachable, repo_root, resolve_tracking_uri
 from pipelines.params.config import load_params, params_in
 
+if TYPE_CHECKING:  # the promotion module loads MLflow: only when a command needs it
+    from components.common.params import Params
+    from pipelines.promotion import Decision
 
-def _load_checked(args: argparse.Namespace, root: Path | None = None) -> Any:
+
+def _load_checked(args: argparse.Namespace, root: Path | None = None) -> Params:
     """Params (file, -S overrides) and a tracking server that answers, or a GrpoflowError."""
     params = load_params(params_in(root) if root else args.params, args.overrides)
     check_reachable(resolve_tracking_uri(params, root))
@@ -121,7 +125,7 @@ def cli_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _registry_command(args: argparse.Namespace, action: Callable[[Any], Any]) -> int:
+def _registry_command(args: argparse.Namespace, action: Callable[[Params], Decision]) -> int:
     from pipelines.promotion import print_decision
 
     print_decision(action(_load_checked(args)))

@@ -206,7 +206,7 @@ class LineLog:
     ["Running stage 'sft'", '100%|##| 9/9', "{'loss': 1.2}", 'last']
     """
 
-    def __init__(self, emit: Callable[[str], Any], every_s: float | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, emit: Callable[[str], object], every_s: float | None = None, clock: Callable[[], float] = time.monotonic):
         self.emit, self.every_s, self.clock = emit, every_s, clock
         self.partial = ""
         self.last = clock()
@@ -239,7 +239,7 @@ class LineLog:
 
 
 def run_dvc(
-    args: list[str], root: str | os.PathLike, env: dict[str, str], log: Callable[[str], Any] | None = None,
+    args: list[str], root: str | os.PathLike, env: dict[str, str], log: Callable[[str], object] | None = None,
     log_every_s: float | None = 30.0,
 ) -> tuple[int, str]:
     """Run `dvc ARGS`, streaming its output (progress bars included); returns (rc, output tail).
@@ -275,7 +275,7 @@ def run_dvc(
 
 def push(
     root: str | os.PathLike, env: dict[str, str], stages: list[str] | tuple[str, ...] = (),
-    log: Callable[[str], Any] | None = None,
+    log: Callable[[str], object] | None = None,
 ) -> tuple[int, str]:
     """`dvc push --run-cache [STAGES]`, then the objects of the stages' `cache: false` outputs.
 
@@ -291,7 +291,7 @@ def push(
 
 def pull(
     root: str | os.PathLike, env: dict[str, str], stages: list[str] | tuple[str, ...] = (),
-    log: Callable[[str], Any] | None = None,
+    log: Callable[[str], object] | None = None,
 ) -> tuple[int, str]:
     """`dvc pull --allow-missing [STAGES]`, then the stages' `cache: false` outputs as recorded in
     dvc.lock (what a stage that ran elsewhere wrote; `dvc pull` leaves git-tracked outputs alone)."""

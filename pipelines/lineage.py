@@ -331,7 +331,7 @@ def _stage_run_id(client, parent_run_id: str, s: StageResult) -> str | None:
 @contextlib.contextmanager
 def failure_recorded(
     stage: str, stages: list[StageResult], run: PipelineRun,
-    describe: Callable[[PipelineRun, list[StageResult], BaseException], Any] | None = None,
+    describe: Callable[[PipelineRun, list[StageResult], BaseException], object] | None = None,
 ) -> Iterator[None]:
     """On a stage failure, record the stages so far and the failed one on the parent run, tag it with
     the error's first line (ERROR_TAG: the failed stage's own error line, pipelines/results.py

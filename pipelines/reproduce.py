@@ -107,7 +107,7 @@ def out_md5s(lock_text: str) -> dict[str, str]:
     return {o["path"]: o.get("md5", "") for entry in stages.values() for o in entry.get("outs") or []}
 
 
-def timed_files(params: Any) -> set[str]:
+def timed_files(params: Params) -> set[str]:
     """The stage summaries that record seconds, so they differ between runs of the same inputs: the
     training summaries and every evaluated model's full metrics (not the headline DVC metrics)."""
     from components.evaluate import stage_models
@@ -116,7 +116,7 @@ def timed_files(params: Any) -> set[str]:
     return {params.sft.metrics_file, params.grpo.metrics_file, *(str(ev / f"{m}.json") for m in stage_models(params))}
 
 
-def caveats(version_tags: dict[str, str], run_tags: dict[str, str], params: Any = None) -> list[str]:
+def caveats(version_tags: dict[str, str], run_tags: dict[str, str], params: Params | None = None) -> list[str]:
     """What keeps this reproduction from being exact, each naming its cause.
 
     >>> caveats({"lineage.git_dirty": "true", "lineage.git_commit": "abc"}, {"grpoflow.version.nosuchpkg": "1.0"})[0][:40]

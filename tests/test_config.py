@@ -211,3 +211,57 @@ def test_params_yaml_is_parsed_once_per_content(tmp_path, monkeypatch):
     assert load_params(p).data.seed == 1
     p.write_text("data:\n  seed: 2\n  output_dir: d\n")
     assert load_params(p).data.seed == 2 and len(parsed) == 2
+
+
+def append_to_every_help_entry(help_file: Path, word: str) -> None:
+    """Append ` word` to every entry of a help.py (an adjacent string literal after each value)."""
+    import ast
+
+    lines = help_file.read_text().splitlines(keepends=True)
+    table = next(n for n in ast.parse("".join(lines)).body if isinstance(n, ast.AnnAssign) and n.target.id == "HELP")
+    for value in sorted(table.value.values, key=lambda v: (v.end_lineno, v.end_col_offset), reverse=True):
+        line = lines[value.end_lineno - 1].encode()  # ast offsets count UTF-8 bytes
+        lines[value.end_lineno - 1] = (line[:value.end_col_offset] + f' " {word}"'.encode()
+                                       + line[value.end_col_offset:]).decode()
+    help_file.write_text("".join(lines))
+
+
+def test_editing_help_text_reruns_no_stage(tmp_path):
+    """On a small checkout of the project (pipelines/ included, as in a user's clone) after a run of the
+    data and model stages, a word appended to every param's help text leaves `dvc status` clean, while
+    a comment in a module the data stage imports makes it report exactly that stage."""
+    import importlib.util
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.project_repo import make_project_repo
+
+    repo = make_project_repo(tmp_path / "repo", with_flows=True)
+    env = {**os.environ, "PYTHONPATH": "",  # the stages run the checkout's code
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+
+    def dvc(*args: str) -> str:
+        return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=repo, env=env, capture_output=True,
+                              text=True, check=True).stdout
+
+    def status() -> dict:
+        return json.loads(dvc("status", "--json", "data", "model"))
+
+    dvc("repro", "data", "model")
+    assert status() == {}
+    whole = dvc("status", "--json")  # the stages that did not run: what they lack, before the edit
+
+    help_file = repo / "pipelines/params/help.py"
+    append_to_every_help_entry(help_file, "indeed")
+    spec = importlib.util.spec_from_file_location("edited_help", help_file)
+    edited = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(edited)
+    assert edited.HELP.keys() == HELP.keys() and all(edited.HELP[k] == f"{HELP[k]} indeed" for k in HELP)
+    assert status() == {}
+    assert dvc("status", "--json") == whole
+
+    with open(repo / "components/problems/synthetic.py", "a") as fh:
+        fh.write("# a comment\n")
+    assert list(status()) == ["data"]

@@ -181,6 +181,7 @@ RERUNS = {
     "components/models/modelio.py": {"model", "sft", "selection", "grpo", "evaluate"},
     # one concern, one or two stages
     "components/training/finetune.py": {"sft", "grpo"},
+    "components/training/stage_run.py": {"sft", "grpo"},
     "components/training/train_samples.py": {"sft", "grpo"},
     "components/training/dev_accuracy.py": {"sft", "grpo"},
     "components/evaluation/metrics.py": {"evaluate"},

@@ -47,7 +47,7 @@ def _foreign_entries(out: Path, new: Path) -> list[str]:
     return [n for n in names if not (new / n).exists()]
 
 
-def replace_dir(out_dir: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
+def replace_dir(out_dir: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """Call `write(tmp)` on a temporary sibling folder, then move it to `out_dir`.
 
     A failure inside `write` leaves an existing `out_dir` untouched; the swap itself is two

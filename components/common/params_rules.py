@@ -13,7 +13,7 @@ import typing
 from typing import Any
 
 from components.common.errors import ConfigError
-from components.common.params import GRPOParams
+from components.common.params import DataParams, EvaluateParams, GRPOParams, RewardsParams
 from components.problems.bands import parse_band
 
 # Keys the training stages set in TRL's config themselves; a `trainer:` mapping may not set them.
@@ -103,7 +103,7 @@ def _check_trainer_keys(section: str, trainer: dict[str, Any], owned: tuple[str,
             raise ConfigError(f"{section}.trainer.{key}: the stage sets it; use {hint} instead")
 
 
-def _check_sources(section: str, cfg: Any, keys: tuple[str, ...], synthetic: bool) -> None:
+def _check_sources(section: str, cfg: DataParams | EvaluateParams, keys: tuple[str, ...], synthetic: bool) -> None:
     for key in keys:
         src = getattr(cfg, key)
         if synthetic:
@@ -117,7 +117,7 @@ def _check_sources(section: str, cfg: Any, keys: tuple[str, ...], synthetic: boo
             raise ConfigError(f"{section}.{key}: expected '', 'jsonl:PATH' or 'hf:NAME[:CONFIG]', got {src!r}")
 
 
-def _check_generation_batch(cfg: Any) -> None:
+def _check_generation_batch(cfg: GRPOParams) -> None:
     """TRL checks this too, but only once torch and TRL are loaded; fail at load time instead.
     TrainingArguments defaults: per_device_train_batch_size 8, gradient_accumulation_steps 1."""
     t = cfg.trainer
@@ -139,7 +139,7 @@ def _check_generation_batch(cfg: Any) -> None:
         )
 
 
-def _check_rewards(cfg: Any) -> None:
+def _check_rewards(cfg: RewardsParams) -> None:
     # Names are checked where rewards are used (components/training/rewards.py check_reward_names).
     if not cfg.funcs:
         raise ConfigError("rewards.funcs: give at least one reward function")

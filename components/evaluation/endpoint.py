@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components.common.errors import BackendError
-from components.evaluation.generation import Generation
+from components.evaluation.generation import Generation, GenerationSettings
 
 log = logging.getLogger("grpoflow.endpoint")
 
@@ -80,7 +80,7 @@ class Endpoint:
             time.sleep(wait)
         raise AssertionError("unreachable")
 
-    def complete(self, request: dict[str, Any], settings: Any, temperature: float, seed: int | None) -> tuple[str, int]:
+    def complete(self, request: dict[str, Any], settings: GenerationSettings, temperature: float, seed: int | None) -> tuple[str, int]:
         """(text, completion tokens less EOS) of one request: {"messages": [...]} or {"prompt": str}."""
         body: dict[str, Any] = {
             "model": self.model,

@@ -154,7 +154,7 @@ class ConsoleFilter:
     'Processed prompts:  50%|#  | 1/2\\rProcessed prompts: 100%|##| 2/2\\nerror: x\\n'
     """
 
-    def __init__(self, echo: Callable[[str], Any]):
+    def __init__(self, echo: Callable[[str], object]):
         self.echo, self.pending, self.passed = echo, "", 0  # passed: chars of `pending` already shown
 
     def feed(self, text: str) -> None:

@@ -2,7 +2,8 @@
 params, resuming from checkpoints, and the end of a run (train, save the model folder
 atomically, log sample completions and the summary to MLflow, write the report and the per-step history CSV).
 
-Not a stage; `components/sft.py` and `components/grpo.py` use it. Under `accelerate launch`
+Not a stage: the training stages build their TRL arguments here and train through
+components/training/stage_run.py, which calls the rest. Under `accelerate launch`
 every process runs the stage: the main process alone logs to MLflow and writes files.
 
 Resuming: a stage writes its Trainer checkpoints into `<section>.checkpoint_dir` (not a DVC
@@ -163,7 +164,7 @@ def code_md5s(stage: str) -> dict[str, str]:
     return {d: md5_file(d) for d in deps}
 
 
-def fingerprint_fields(section: Any) -> dict[str, Any]:
+def fingerprint_fields(section: SFTParams | GRPOParams) -> dict[str, Any]:
     """A params section's values that shape training: every field but those marked
     `fingerprint=False` in components/common/params.py (paths, resume, sample_size, the GRPO monitor)."""
     return {
