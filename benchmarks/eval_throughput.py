@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components import data, gsm8k  # noqa: E402
+from components import data  # noqa: E402
 from components import model as model_stage  # noqa: E402
 from components.evaluation.generation import (  # noqa: E402
     GenerationSettings,
@@ -40,6 +40,7 @@ from components.evaluation.generation import (  # noqa: E402
     transformers_generate,
 )
 from components.models.modelio import load_model, load_tokenizer, save_model  # noqa: E402
+from components.problems import gsm8k  # noqa: E402
 from pipelines.params.config import DataParams, ModelParams  # noqa: E402
 
 

@@ -239,6 +239,10 @@ def gate(params: Params, registration: Registration, root: str | os.PathLike | N
         champion_rows = _download_items(champion.tags[ITEMS_TAG])
     reg = params.register
     band = parse_band(params.evaluate.target_band)
+    if band and not any("steps" in r for r in challenger_rows.values()):
+        band = None  # items scored before problems carried their steps: every item, and the reason says so
+        print("promotion: the challenger's items carry no step counts; the gate compares every item, not "
+              f"evaluate.target_band={params.evaluate.target_band}", flush=True)
     if band:  # the gate compares on the target band (docs/registry.md): the items whose steps are in it
         challenger_rows = {i: r for i, r in challenger_rows.items() if in_band(r.get("steps"), band)}
         champion_rows = {i: r for i, r in champion_rows.items() if i in challenger_rows}
@@ -248,7 +252,7 @@ def gate(params: Params, registration: Registration, root: str | os.PathLike | N
         reg.alpha, reg.min_delta, reg.min_items,
     )
     numbers.update(metric=metric, test_sha256=ours["test_sha256"] or "unknown", champion_reevaluated=reevaluated,
-                   target_band=params.evaluate.target_band or "all")
+                   target_band=params.evaluate.target_band if band else "all")
     reason = _reason(version, champion.version, ok, numbers, f"{metric} on {band_label(band)}" if band else metric)
     if numbers["n"] and (story := correctness_and_format(challenger_rows, champion_rows, version, champion.version,
                                                          reg.alpha)):

@@ -237,6 +237,7 @@ def test_synthetic_difficulty_params_bound_both_splits(tmp_path):
         synthetic_test_size=50,
         synthetic_max_steps=1,
         synthetic_max_number=5,
+        synthetic_test_max_steps=0,  # the test split in the same band
         output_dir=str(tmp_path / "easy"),
     )
     write_splits(c)
@@ -267,8 +268,8 @@ def steps(row: dict[str, str]) -> int:
     return row["question"].count(".") - 1
 
 
-def test_grpo_split_is_the_demonstrations_questions_by_default(tmp_path):
-    stats = write_splits(synthetic_cfg(tmp_path))
+def test_grpo_split_is_the_demonstrations_questions_without_answer_only_problems(tmp_path):
+    stats = write_splits(synthetic_cfg(tmp_path, synthetic_answer_only_size=0))
     train, grpo = read_jsonl(tmp_path / "out" / "train.jsonl"), read_jsonl(tmp_path / "out" / "grpo.jsonl")
     assert [(r["id"], r["question"], r["gold"]) for r in grpo] == [(r["id"], r["question"], r["gold"]) for r in train]
     assert {r["solution"] for r in grpo} == {""} and all(r["solution"] for r in train)

@@ -37,7 +37,8 @@ def workspace(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("evalrepo")
     data.write_splits(
-        DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=60, synthetic_test_size=12)
+        DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=60, synthetic_test_size=12,
+                   synthetic_max_steps=3, synthetic_max_number=20)  # long enough that some 5-shot prompts overflow
     )
     for name, seed in (("base", 0), ("sft", 1), ("grpo", 2)):
         model, tok = model_stage.build_tiny(ModelParams(seed=seed, **TINY), root / "data/processed/train.jsonl")

@@ -232,7 +232,9 @@ def test_nested_override_lands_nested_and_keeps_comments(tmp_path):
     params = load_params(p)
     assert params.sft.trainer == {"max_steps": 10, "seed": 0}
     # Not in the file yet: the section's mapping starts from its defaults, as on the command line.
-    assert params.grpo.trainer["max_steps"] == 2 and params.grpo.trainer["learning_rate"] == 1.0e-4
+    # 5e-05 was once written as `5e-05`, which YAML 1.1 (PyYAML, DVC) reads back as a string
+    assert params.grpo.trainer["max_steps"] == 2 and params.grpo.trainer["learning_rate"] == 5.0e-5
+    assert "learning_rate: 5.0e-05" in p.read_text()
     assert params.grpo.lora["r"] == 4 and params.grpo.lora["lora_alpha"] == 32
     assert params.grpo == load_params(None, ["grpo.beta=0.04", "grpo.trainer.max_steps=2", "grpo.lora.r=4"]).grpo
 

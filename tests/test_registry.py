@@ -272,7 +272,8 @@ def test_gate_reevaluates_a_champion_evaluated_on_other_items(repo, monkeypatch)
     tags2 = client.get_model_version("grpoflow-policy", "2").tags
     assert tags2["promotion.champion_reevaluated"] == "true"
     assert tags2["promotion.test_sha256"] == tags2["eval.test_sha256"]
-    assert tags2["promotion.n"] == "12"
+    in_band = [p for p in load_problems(data_source(params)) if p["steps"] == 3]  # evaluate.target_band: 3
+    assert tags2["promotion.target_band"] == "3" and tags2["promotion.n"] == str(len(in_band)) and 0 < len(in_band) < 12
     # The same weights on the same items: every pair agrees, nothing to promote.
     assert decision.decision == "rejected" and decision.numbers["b"] == decision.numbers["c"] == 0
     artifacts = [a.path for a in client.list_artifacts(v2.run_id, "promotion")]

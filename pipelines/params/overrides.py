@@ -17,6 +17,22 @@ from components.common.files import write_text
 from components.common.params_load import apply_override, load_params, parse_override
 
 
+def yaml_float(value: float) -> str:
+    """A float as YAML 1.1 readers (PyYAML, DVC) read it back as a float: an exponent needs a dot
+    in the mantissa (`5e-05` is a string to them).
+
+    >>> [yaml_float(x) for x in (5e-05, 1e-4, 0.5, 3.0, 1e20, float("inf"), float("nan"))]
+    ['5.0e-05', '0.0001', '0.5', '3.0', '1.0e+20', '.inf', '.nan']
+    """
+    if value != value:
+        return ".nan"
+    if value in (float("inf"), float("-inf")):
+        return ".inf" if value > 0 else "-.inf"
+    text = repr(value)
+    mantissa, e, exponent = text.partition("e")
+    return f"{mantissa}.0e{exponent}" if e and "." not in mantissa else text
+
+
 def write_overrides(path: str | os.PathLike, overrides: typing.Iterable[str]) -> None:
     """Write `section.key=value` overrides into the params file, as `dvc exp run -S` does, so that
     DVC sees them; comments, quoting and layout of the file are kept (ruamel round trip). All
@@ -37,6 +53,7 @@ def write_overrides(path: str | os.PathLike, overrides: typing.Iterable[str]) ->
     yaml_rt.representer.add_representer(
         type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null")
     )
+    yaml_rt.representer.add_representer(float, lambda r, v: r.represent_scalar("tag:yaml.org,2002:float", yaml_float(v)))
     data = yaml_rt.load(path.read_text()) if path.exists() else None
     if data is None:
         data = {}
@@ -61,7 +78,7 @@ _TRAINER_NUMBERS = (
 )
 REMOTE_OVERRIDES = (
     "data.seed", "data.synthetic_*", "data.max_train_rows", "data.max_test_rows", "data.on_bad_rows",
-    "data.answer_only_share",
+    "data.answer_only_share", "data.demo_max_steps", "data.answer_only_min_steps",
     "data.train_source", "data.test_source",  # synthetic or hf:NAME only
     "model.name_or_path", "model.revision", "model.dtype", "model.seed", "model.tiny_*",
     "sft.resume", "sft.demo_*", "sft.dev_*", "sft.plateau_*", "sft.sample_size", "sft.use_lora", "sft.lora.*",
@@ -69,10 +86,10 @@ REMOTE_OVERRIDES = (
     "selection.max_pass_rate", "selection.min_prompts", "selection.max_new_tokens", "selection.backend", "selection.seed",
     *(f"sft.trainer.{k}" for k in _TRAINER_NUMBERS),
     "grpo.resume", "grpo.num_generations", "grpo.temperature", "grpo.beta", "grpo.epsilon", "grpo.loss_type",
-    "grpo.scale_rewards", "grpo.num_iterations", "grpo.sample_size", "grpo.use_lora", "grpo.lora.*",
+    "grpo.scale_rewards", "grpo.num_iterations", "grpo.sample_size", "grpo.dev_size", "grpo.dev_every", "grpo.use_lora", "grpo.lora.*",
     *(f"grpo.trainer.{k}" for k in _TRAINER_NUMBERS),
     "rewards.funcs", "rewards.weights",  # registry names only, no package.module:function
-    "evaluate.include_base", "evaluate.limit", "evaluate.protocol", "evaluate.backend", "evaluate.max_new_tokens",
+    "evaluate.include_base", "evaluate.target_band", "evaluate.limit", "evaluate.protocol", "evaluate.backend", "evaluate.max_new_tokens",
     "evaluate.batch_size", "evaluate.dtype", "evaluate.num_samples", "evaluate.num_fewshot",
     "evaluate.fewshot_seed", "evaluate.primary_metric", "evaluate.seed", "evaluate.log_items_table",
     "register.enabled", "register.alpha", "register.min_delta", "register.min_items",
