@@ -23,6 +23,7 @@ from tests.project_repo import git, make_project_repo, prefect_servers, run_ok
 
 TRACKED = [  # the headline metrics and the plot data
     "reports/eval/metrics/sft.json", "reports/eval/metrics/grpo.json", "reports/eval/accuracy.csv",
+    "reports/eval/accuracy_by_steps.csv",
     "reports/train/selection.json", "reports/train/selection_pass_rates.csv", "reports/train/sft_history.csv",
     "reports/train/grpo_history.csv",
 ]
@@ -47,6 +48,9 @@ def test_a_small_pipeline_runs_registers_and_shows_its_results(tmp_path):
     for stage in ("data", "model", "sft", "grpo", "evaluate"):
         assert f"{stage:<10} ran" in out, out[-3000:]
     assert "grpoflow-policy v1 registered" in out and "promotion: promoted" in out
+    # evaluate.target_band (3 steps): the headline is the band's, the other bands' change stated beside it
+    assert re.search(r"grpo vs sft, target band \(3 steps\), n = \d+: correctness", out), out[-3000:]
+    assert re.search(r"grpo vs sft, other bands, n = \d+: correctness", out), out[-3000:]
     client = mlflow.MlflowClient()
     assert str(client.get_model_version_by_alias("grpoflow-policy", "champion").version) == "1"
 
@@ -63,14 +67,14 @@ def test_a_small_pipeline_runs_registers_and_shows_its_results(tmp_path):
     shown = subprocess.run([sys.executable, "-m", "dvc", "metrics", "show"], cwd=repo, capture_output=True,
                            text=True, check=True).stdout
     assert max(len(line) for line in shown.splitlines()) <= 200, shown
-    assert {"accuracy_flexible", "accuracy_strict", "format_rate", "kept", "reports/eval/metrics/grpo.json"} <= set(
-        shown.split()), shown
+    assert {"target_accuracy_flexible", "target_accuracy_strict", "target_n", "in_band_accuracy_flexible", "format_rate",
+            "kept", "reports/eval/metrics/grpo.json"} <= set(shown.split()), shown
     full = subprocess.run([sys.executable, "-m", "dvc", "metrics", "show", "reports/eval/grpo.json"], cwd=repo,
                           capture_output=True, text=True, check=True).stdout
     assert "pass_at_k_flexible" in full and "sampled_accuracy_flexible" in full
     grpo_history = rows(repo / "reports/train/grpo_history.csv")
     assert [r["step"] for r in grpo_history] == ["1", "2"]  # grpo.trainer.max_steps=2, logging_steps=1
-    for column in ("loss", "reward", "reward_std", "seed_combined", "seed_combined_std", "kl",
+    for column in ("loss", "reward", "reward_std", "accuracy", "accuracy_std", "kl",
                    "completions/mean_length", "frac_reward_zero_std"):
         assert all(r[column] not in ("", "nan") for r in grpo_history), column
     sft_history = rows(repo / "reports/train/sft_history.csv")
@@ -114,7 +118,7 @@ def test_a_small_pipeline_runs_registers_and_shows_its_results(tmp_path):
         first, second = (Path(client.download_artifacts(r.info.run_id, f"figures/{name}", str(tmp_path / r.info.run_id)))
                          for r in (parent, rerun))
         assert first.read_bytes() == second.read_bytes() and first.read_bytes()[:4] == b"\x89PNG"
-    assert len(list((repo / ".dvc/tmp/grpoflow-figures").iterdir())) == 2
+    assert len(list((repo / ".dvc/tmp/grpoflow-figures").iterdir())) == 3  # accuracy, accuracy by steps, GRPO training
 
     # The run's temporary Prefect server got the flow run's last log lines before it stopped, and it is
     # gone when the command returns; it served no UI, so no "View at" link was printed.
