@@ -39,13 +39,23 @@ def test_seeds_run_the_recipe_per_data_seed_and_pool_the_items(tmp_path, capsys)
     # each seed ran in its own folder on its own data
     tests = [(keep / f"seed-{s}" / "data" / "processed" / "test.jsonl").read_text() for s in (11, 12)]
     assert tests[0] != tests[1]
-    # the pooled test is the exact McNemar over both seeds' paired items, re-derived from the items
-    pairs = []
+    # per seed: the target band (evaluate.target_band, 3 steps), the other bands and every step count
+    keys = {"n", "sft_accuracy_flexible", "grpo_accuracy_flexible", "control_accuracy_flexible", "delta", "ci95",
+            "p_value", "delta_vs_control", "p_vs_control"}
+    for run in result["seeds"]:
+        assert run["target_band"] == "3" and keys <= set(run["target"]) and keys <= set(run["in_band"])
+        assert sum(b["n"] for b in run["bands"].values()) == 8 == run["target"]["n"] + run["in_band"]["n"]
+    # the pooled tests are the exact McNemar over both seeds' paired items, re-derived from the items
+    pairs = {"target": [], "in_band": []}
     for s in (11, 12):
         items = {m: {json.loads(x)["id"]: json.loads(x) for x in open(keep / f"seed-{s}" / "items" / f"{m}.jsonl")}
                  for m in ("sft", "grpo")}
-        pairs += [(g["correct_flexible"], items["sft"][i]["correct_flexible"]) for i, g in items["grpo"].items()]
-    expected = compare_paired([g for g, _ in pairs], [s for _, s in pairs])
+        for i, g in items["grpo"].items():
+            pairs["target" if g["steps"] == 3 else "in_band"].append((g["correct_flexible"], items["sft"][i]["correct_flexible"]))
     pooled = result["pooled"]
-    assert pooled["n"] == 16 == expected["n"]
-    assert pooled["delta"] == expected["delta"] and pooled["p_value"] == expected["p_value"]
+    for part, rows in pairs.items():
+        expected = compare_paired([g for g, _ in rows], [s for _, s in rows])
+        assert pooled[part]["n"] == expected["n"]
+        assert pooled[part]["delta"] == expected["delta"] and pooled[part]["p_value"] == expected["p_value"]
+    assert pooled["target"]["n"] + pooled["in_band"]["n"] == 16
+    assert (pooled["n"], pooled["delta"]) == (pooled["target"]["n"], pooled["target"]["delta"])  # the headline: the band
