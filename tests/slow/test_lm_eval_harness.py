@@ -10,7 +10,7 @@ A user's GSM8K-format files in GSM8K's layout (DIR/train.jsonl beside DIR/test.j
   files with the `json` builder), `--model local-completions` against the same server,
   `--log_samples`.
 
-Every harness context is the prompt `lm_eval_gsm8k.build_prompts` builds, and every completion, extracted
+Every harness context is the prompt `lm_eval_gsm8k.build_fewshot_prompts` builds, and every completion, extracted
 answer and verdict (strict-match, flexible-extract) is grpoflow's, item by item. Both sides send one
 request at a time and the same generation budget (32 tokens: a random tiny model rarely stops early),
 so the server's batching cannot make the numbers differ. A few minutes on two cores, most of it vLLM's
@@ -157,10 +157,10 @@ def test_lm_eval_protocol_answers_as_the_harness_gsm8k_task(tmp_path, monkeypatc
     assert all(sorted(rows) == list(range(100)) for rows in by_filter.values())
     strict, flexible = by_filter["strict-match"], by_filter["flexible-extract"]
 
-    # The harness's contexts are build_prompts' prompts (GSM8K train given: its sampler, its text).
+    # The harness's contexts are build_fewshot_prompts' prompts (GSM8K train given: its sampler, its text).
     test = load_problems(f"jsonl:{gsm8k_dir / 'test.jsonl'}")
     train = load_problems(f"jsonl:{gsm8k_dir / 'train.jsonl'}", split="train")
-    prompts = lm_eval_gsm8k.build_prompts([p["question"] for p in test], [{"question": r["question"], "answer": r["answer"]} for r in train])
+    prompts = lm_eval_gsm8k.build_fewshot_prompts([p["question"] for p in test], [{"question": r["question"], "answer": r["answer"]} for r in train])
     contexts = [strict[i]["arguments"]["gen_args_0"]["arg_0"] for i in range(100)]
     assert [i for i in range(100) if contexts[i] != prompts[i]] == []
 
