@@ -115,6 +115,7 @@ HARMLESS = (
     "is not found in LD_PRELOAD",  # a speed hint (tcmalloc, libiomp)
     "Warning: NUMA binding:",  # torch's note on the CPU worker's memory policy
     "[shutdown] Process manager: force killing remaining process",  # the engine's exit, results written
+    "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",  # the same exit, seen from the client
 )
 PROGRESS = re.compile(r"\d%\|")  # a tqdm bar's `42%|`: shown while it is being drawn
 
