@@ -51,19 +51,19 @@ def test_a_dvc_experiment_compared_with_the_committed_baseline(baseline, tmp_pat
     new = json.loads((repo / "reports/eval/grpo.json").read_text())  # exp run applied its results here
     # The headline metrics (reports/eval/metrics/<model>.json) are what DVC compares.
     headline = "reports/eval/metrics/grpo.json"
-    assert experiment["metrics"][headline]["data"]["accuracy_flexible"] == new["accuracy_flexible"]
-    assert base["data"]["metrics"][headline]["data"]["accuracy_strict"] == before["accuracy_strict"]
+    assert experiment["metrics"][headline]["data"]["target_accuracy_flexible"] == new["target"]["accuracy_flexible"]
+    assert base["data"]["metrics"][headline]["data"]["target_accuracy_strict"] == before["target"]["accuracy_strict"]
 
-    diff = json.loads(dvc(repo, env, "metrics", "diff", "--all", "--json"))[headline]["accuracy_strict"]
-    assert (diff["old"], diff["new"]) == (before["accuracy_strict"], new["accuracy_strict"])
+    diff = json.loads(dvc(repo, env, "metrics", "diff", "--all", "--json"))[headline]["target_accuracy_strict"]
+    assert (diff["old"], diff["new"]) == (before["target"]["accuracy_strict"], new["target"]["accuracy_strict"])
     text = dvc(repo, env, "metrics", "diff", "--all")
-    assert re.search(r"reports/eval/metrics/grpo\.json\s+accuracy_flexible\s+\S+\s+\S+\s+\S+", text)
+    assert re.search(r"reports/eval/metrics/grpo\.json\s+target_accuracy_flexible\s+\S+\s+\S+\s+\S+", text)
 
     # beta 0: no reference model, so TRL logs no KL; the column is there, nan, and plots still render.
     assert all(r["kl"] == "nan" for r in rows(repo / "reports/train/grpo_history.csv"))
     dvc(repo, env, "plots", "show", "-o", str(tmp_path / "show"))
     html = (tmp_path / "show" / "index.html").read_text()
-    assert "GRPO reward per function (mean)" in html and '"field": "seed_combined"' in html
+    assert "GRPO reward per function (mean)" in html and '"field": "accuracy"' in html and "Accuracy (flexible) by number of reasoning steps" in html
     assert "Accuracy per model (95% Wilson interval)" in html and '"ci_high"' in html
     dvc(repo, env, "plots", "diff", "HEAD", "-o", str(tmp_path / "diff"))
     html = (tmp_path / "diff" / "index.html").read_text()
