@@ -37,11 +37,13 @@ def test_nested_overrides_and_a_new_data_seed_compared_like_with_like(baseline, 
     assert "re-evaluating champion grpoflow-policy v1 on the challenger's 40 items" in out
     client = mlflow.MlflowClient(copy.tracking_uri)
     tags = client.get_model_version("grpoflow-policy", "2").tags
-    n_test = len((repo / "data/processed/test.jsonl").read_text().splitlines())
+    test = [json.loads(line) for line in (repo / "data/processed/test.jsonl").read_text().splitlines()]
     assert tags["promotion.champion_reevaluated"] == "true"
     assert tags["promotion.test_sha256"] == tags["eval.test_sha256"]
-    assert tags["promotion.n"] == str(n_test) == "40"
-    assert "fewer than register.min_items 100" in tags["promotion.reason"]  # 40 items cannot promote
+    # the gate pairs the target band's items (evaluate.target_band: 3 steps) of the 40 re-evaluated
+    assert len(test) == 40 and tags["promotion.target_band"] == "3"
+    assert tags["promotion.n"] == str(sum(r["steps"] == 3 for r in test))
+    assert "fewer than register.min_items 100" in tags["promotion.reason"]  # a few dozen items cannot promote
     v1 = client.get_model_version("grpoflow-policy", "1").tags
     assert v1["eval.test_sha256"] != tags["eval.test_sha256"]
     assert json.loads((repo / "reports/eval/grpo.json").read_text())["test_sha256"] == tags["eval.test_sha256"]
