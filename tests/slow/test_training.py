@@ -41,6 +41,7 @@ TINY_PARAMS = {
     },
     "sft": {
         "sample_size": 4,
+        "demo_untagged_rate": 0.5,  # noisy demonstrations, asked for (the default is every one tagged)
         "demo_wrong_rate": 0.2,
         "trainer": {
             "max_steps": 4,
