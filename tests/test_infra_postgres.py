@@ -413,7 +413,7 @@ def test_pipeline_registry_and_promotion_over_http(tracking, postgres, tmp_path,
 
     # Same dvc.lock again: no new version (the idempotency key is looked up on the server).
     reg3b, _ = pipeline_register_and_promote(params, root)
-    assert (reg3b["version"], reg3b["created"]) == ("3", False)
+    assert (reg3b.version, reg3b.created) == ("3", False)
 
     # The registry state, read with plain HTTP GETs.
     url = tracking.url
