@@ -129,8 +129,8 @@ def split_answer_only(train: list[dict[str, str]], cfg: DataParams, exclude: set
     """(demonstrations, answer-only problems, rows outside the bands): the step bands first
     (`split_bands`), then `data.answer_only_share` of the remaining rows, drawn with `data.seed`, lose
     their solution and move to the GRPO split; `data.synthetic_answer_only_size` new synthetic problems
-    of the harder band join them (none of them in `exclude`). With none of these, the GRPO split is the
-    demonstrations' questions with their answers only."""
+    of the harder band join them (none of them in `exclude`). With none of these the answer-only list is
+    empty, and the caller gives GRPO the demonstrations' questions with their answers only."""
     train, problems, left = split_bands(train, cfg)
     rng = random.Random(f"{cfg.seed}:answer-only")
     withheld = set(rng.sample(range(len(train)), round(cfg.answer_only_share * len(train))))
@@ -148,7 +148,7 @@ def split_answer_only(train: list[dict[str, str]], cfg: DataParams, exclude: set
             f"no demonstrations left for SFT (data.demo_max_steps={cfg.demo_max_steps}, data.answer_only_min_steps="
             f"{cfg.answer_only_min_steps}, data.answer_only_share={cfg.answer_only_share}); widen the demonstrations' band"
         )
-    return demos, problems or [answer_only(r) for r in demos], left
+    return demos, problems, left
 
 
 def step_counts(rows: list[dict]) -> dict[str, int]:
@@ -189,16 +189,15 @@ def write_splits(cfg: DataParams) -> dict[str, Any]:
     if cfg.max_test_rows:
         test.rows = test.rows[: cfg.max_test_rows]
 
-    synthetic_extra = cfg.synthetic_answer_only_size if cfg.train_source == "synthetic" else 0
-    answer_only_rows = bool(cfg.answer_only_share or synthetic_extra or cfg.answer_only_min_steps)
-    train.rows, grpo_rows, outside = split_answer_only(train.rows, cfg, exclude)
+    train.rows, answer_only_rows, outside = split_answer_only(train.rows, cfg, exclude)
+    grpo_rows = answer_only_rows or [answer_only(r) for r in train.rows]
     files = {"train.jsonl": jsonl_bytes(train.rows), "grpo.jsonl": jsonl_bytes(grpo_rows),
              "test.jsonl": jsonl_bytes(test.rows)}
     stats: dict[str, Any] = {
         "sources": {"train": cfg.train_source, "test": cfg.test_source},
         "counts": {"train": len(train.rows), "test": len(test.rows)},
         # GRPO's problems: answer-only ones beside the demonstrations, or the demonstrations' questions
-        "grpo": {"count": len(grpo_rows), "answer_only": answer_only_rows},
+        "grpo": {"count": len(grpo_rows), "answer_only": bool(answer_only_rows)},
         # rows per step count (components/problems/bands.py): what each band holds
         "steps": {name: step_counts(rows) for name, rows in
                   (("train", train.rows), ("grpo", grpo_rows), ("test", test.rows))},
