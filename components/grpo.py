@@ -164,7 +164,7 @@ def run(params: Params) -> Path:
     if not prompts.is_file():
         raise InputError(f"{prompts}: GRPO's selected prompts are missing; run `dvc repro selection` first")
     rows = read_split(prompts)  # the reward needs only `gold`
-    dev = dev_split(read_split(data_dir / "grpo.jsonl"), cfg.dev_size, params.evaluate.target_band)
+    dev = dev_split(read_split(data_dir / "grpo.jsonl"), cfg.dev_size, params.evaluate.target_band) if cfg.dev_size else []
     if dev:  # held out: never a training prompt
         held = {r["id"] for r in dev}
         rows = [r for r in rows if r["id"] not in held]
