@@ -251,11 +251,10 @@ def band_report(rows: list[dict], target_band: str) -> dict:
     >>> r["target"]["n"], r["target"]["delta"], r["in_band"]["delta"], sorted(r["bands"])
     (2, 1.0, 0.0, ['1', '3'])
     """
-    from components.problems.bands import by_steps, in_band, parse_band
+    from components.problems.bands import by_steps, parse_band, split_items
 
     band = parse_band(target_band)
-    target = [r for r in rows if band is None or in_band(r["steps"], band)]
-    rest = [r for r in rows if band is not None and not in_band(r["steps"], band)]
+    target, rest = split_items(rows, band) if band else (rows, [])
     out = {"target_band": target_band or "all", "target": slice_numbers(target)}
     if rest:
         out["in_band"] = slice_numbers(rest)
