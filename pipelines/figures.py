@@ -70,11 +70,12 @@ def accuracy_figure(metrics: dict[str, dict[str, Any]]):
 def steps_figure(metrics: dict[str, dict[str, Any]]):
     """Flexible accuracy per number of reasoning steps, one line per model (SFT beside GRPO), with
     Wilson 95% intervals; the target band shaded."""
+    from components.evaluation.reports import scored_steps
     from components.problems.bands import band_label, parse_band
 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4))
-    steps = sorted({int(k) for m in metrics.values() for k in m.get("by_steps", {}) if k.isdigit()})
+    steps = scored_steps(metrics)
     band = next((parse_band(m["target_band"]) for m in metrics.values() if m.get("target_band")), None)
     if band:
         ax.axvspan(band[0] - 0.4, (band[1] or max(steps, default=band[0])) + 0.4, color="tab:orange", alpha=0.12,

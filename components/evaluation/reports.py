@@ -65,6 +65,15 @@ def headline_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     return {key: metrics[key] for key in HEADLINE_KEYS if key in metrics}
 
 
+def scored_steps(metrics: dict[str, dict[str, Any]]) -> list[int]:
+    """The step counts any model was scored on, in order (unbanded problems left out).
+
+    >>> scored_steps({"sft": {"by_steps": {"3": {}, "1": {}, "unbanded": {}}}, "grpo": {"by_steps": {"2": {}}}})
+    [1, 2, 3]
+    """
+    return sorted({int(k) for m in metrics.values() for k in m.get("by_steps", {}) if k.isdigit()})
+
+
 def steps_rows(metrics: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Flexible accuracy per step count, one column per model (unbanded problems left out).
 
@@ -72,9 +81,8 @@ def steps_rows(metrics: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     ...             "grpo": {"by_steps": {"1": {"accuracy_flexible": 0.8}, "3": {"accuracy_flexible": 0.2}}}})
     [{'steps': 1, 'sft': 0.9, 'grpo': 0.8}, {'steps': 3, 'sft': 0.1, 'grpo': 0.2}]
     """
-    keys = sorted({int(k) for m in metrics.values() for k in m.get("by_steps", {}) if k.isdigit()})
     return [{"steps": k, **{model: m["by_steps"][str(k)]["accuracy_flexible"] for model, m in metrics.items()
-                            if str(k) in m.get("by_steps", {})}} for k in keys]
+                            if str(k) in m.get("by_steps", {})}} for k in scored_steps(metrics)]
 
 
 def accuracy_rows(metrics: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
