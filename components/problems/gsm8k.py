@@ -44,6 +44,15 @@ def strip_calculator(text: str) -> str:
     return _CALC_RE.sub("", text)
 
 
+def count_calculator(text: str) -> int:
+    """GSM8K's `<<...>>` calculator annotations in `text`: one per reasoning step.
+
+    >>> count_calculator("48/2 = <<48/2=24>>24, 48+24 = <<48+24=72>>72")
+    2
+    """
+    return len(_CALC_RE.findall(text))
+
+
 def split_gsm8k_answer(answer: str) -> tuple[str, str]:
     """Split a GSM8K answer into (reasoning without annotations, raw final answer).
 

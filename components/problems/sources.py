@@ -25,9 +25,7 @@ from typing import Any
 
 from components.common.errors import DataError, InputError
 from components.common.files import JSONLineError, iter_jsonl
-from components.problems.gsm8k import normalize_number, split_gsm8k_answer
-
-_CALC_RE = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations: one per reasoning step
+from components.problems.gsm8k import count_calculator, normalize_number, split_gsm8k_answer
 
 MAX_REPORTED = 10  # bad rows printed in full; the rest are counted
 Record = tuple[str, str, Any]  # (where, default id, record or DataError)
@@ -80,7 +78,7 @@ def count_steps(answer: str) -> int | None:
     >>> count_steps("Half of 48 is 24.\\nSo 72 in all.\\n#### 72"), count_steps("#### 72")
     (2, None)
     """
-    annotations = len(_CALC_RE.findall(answer))
+    annotations = count_calculator(answer)
     if annotations:
         return annotations
     lines = [line for line in answer[: answer.rfind("####")].splitlines() if line.strip()]
