@@ -52,7 +52,7 @@ from components.common.params import Params
 from components.evaluation.metrics import compare, compare_bands
 from components.evaluation.reports import Results, log_to_mlflow, write_reports
 from components.evaluation.scoring import data_source, evaluate_model
-from components.models.modelio import is_model_dir, resolve_model
+from components.models.modelio import is_model_or_adapter_dir, resolve_model
 from components.problems.sources import load_problems
 
 log = logging.getLogger("grpoflow.evaluate")
@@ -92,10 +92,11 @@ def score_models(params: Params) -> dict[str, Any]:
     data = data_source(params)
     models = {}
     for name, path in stage_models(params).items():
-        if not is_model_dir(path):
+        if not is_model_or_adapter_dir(path):
             stage = {"base": "model"}.get(name, name)
             raise EvaluationError(
-                f"{name} model folder {path} is missing or has no config.json and *.safetensors; "
+                f"{name} model folder {path} is missing or has neither config.json with *.safetensors nor a "
+                "LoRA adapter; "
                 f"run `dvc repro {stage}` first"
             )
         models[name] = resolve_model(path)

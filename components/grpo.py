@@ -2,7 +2,8 @@
 
 Reads `grpo.init_dir` (default `models/sft`) and `selection.output_file` (its problems: those of
 `<data.output_dir>/grpo.jsonl` the selection stage kept, components/selection.py); writes
-`grpo.output_dir` (default `models/grpo`), a standard model folder, and
+`grpo.output_dir` (default `models/grpo`), a standard model folder (with `grpo.use_lora`, a LoRA
+adapter: over SFT's base when SFT wrote an adapter too, see `start_model`), and
 `grpo.metrics_file` (default `reports/train/grpo.json`) with the per-step history beside it
 (`grpo.history_file`: loss, reward per function, reward std, KL, completion length,
 frac_reward_zero_std, ...; the data of `dvc plots show`). For each prompt the trainer samples `grpo.num_generations`
@@ -140,6 +141,32 @@ def trainer_settings(params: Params) -> tuple[Any, Any]:
     return args, finetune.lora_config(STAGE, cfg.lora) if cfg.use_lora else None
 
 
+def start_model(params: Params, settings: tuple[Any, Any]) -> tuple[Any, Any, Any, list[Path], tuple[Any, Any]]:
+    """(model, tokenizer, base, inputs, settings) GRPO starts from `grpo.init_dir`.
+
+    A full SFT model: the model itself; with `grpo.use_lora` a new adapter over it (base: init_dir).
+    A LoRA SFT adapter with `grpo.use_lora`: the adapter trains on over SFT's base (TRL keeps a frozen
+    copy of it, the "ref" adapter, as the KL reference) and the GRPO adapter applies to the same base,
+    so base + models/grpo is the whole policy; `grpo.lora` is not used (the adapter keeps its rank and
+    targets). A LoRA SFT adapter without `grpo.use_lora`: full fine-tuning of base + adapter merged.
+    `inputs` are the folders a checkpoint's fingerprint covers."""
+    from components.models import adapters, modelio
+
+    cfg = params.grpo
+    init = Path(cfg.init_dir)
+    if not adapters.is_adapter_dir(init):
+        model, tokenizer = modelio.load_model_and_tokenizer(init, params.model)
+        base = adapters.base_ref_for(init, str(init)) if cfg.use_lora else None
+        return model, tokenizer, base, [init], settings
+    base_dir = adapters.find_base(init)
+    tokenizer = modelio.load_tokenizer(init)
+    if not cfg.use_lora:
+        model = modelio.load_model(adapters.merged_copy(init, base_dir), dtype=params.model.dtype)
+        return model, tokenizer, None, [init, base_dir], settings
+    model = adapters.load_trainable(init, base_dir, dtype=params.model.dtype)
+    return model, tokenizer, adapters.base_of(init), [init, base_dir], (settings[0], None)
+
+
 def run(params: Params) -> Path:
     """Train and write the GRPO model folder; returns its path."""
     from datasets import Dataset
@@ -171,7 +198,7 @@ def run(params: Params) -> Path:
         if not rows:
             raise ConfigError(f"grpo.dev_size={cfg.dev_size} holds out every selected prompt; lower it")
 
-    model, tokenizer = modelio.load_model_and_tokenizer(cfg.init_dir, params.model)
+    model, tokenizer, base, inputs, settings = start_model(params, settings)
     dataset = Dataset.from_dict(
         {
             "prompt": [gsm8k.render_prompt(r["question"], tokenizer) for r in rows],
@@ -194,10 +221,10 @@ def run(params: Params) -> Path:
 
     return train_stage(
         STAGE, params, _trainer_class(), settings, model=model, tokenizer=tokenizer, dataset=dataset,
-        callbacks=callbacks, inputs=[prompts, cfg.init_dir], fingerprint=fingerprint_settings(params),
+        callbacks=callbacks, inputs=[prompts, *inputs], fingerprint=fingerprint_settings(params),
         max_new_tokens=max_new_tokens, reward_funcs=reward_funcs, history_required=HISTORY_REQUIRED,
         history_names=lambda trainer: history_names(trainer.reward_func_names, params.rewards.funcs),
-        after_training=summary,
+        after_training=summary, base=base,
     )
 
 

@@ -103,18 +103,19 @@ def histogram(rates: list[float | None], k: int, cfg: SelectionParams) -> list[d
 def pass_rates(params: Params, rows: list[dict[str, str]]) -> tuple[list[float], list[bool], str]:
     """(pass rate of the k samples, greedy answer right, backend) per problem."""
     from components.evaluation.generation import GenerationSettings, generate
-    from components.models.modelio import load_tokenizer
+    from components.models.modelio import load_tokenizer, resolve_model
     from components.problems import gsm8k
 
     cfg = params.selection
-    tokenizer = load_tokenizer(cfg.model_dir)
+    model_dir = resolve_model(cfg.model_dir).model_dir  # a LoRA adapter: base + adapter merged
+    tokenizer = load_tokenizer(model_dir)
     prompts = [gsm8k.render_prompt(r["question"], tokenizer) for r in rows]
     settings = GenerationSettings(
         max_new_tokens=cfg.max_new_tokens, dtype=params.evaluate.dtype, seed=cfg.seed, num_samples=cfg.num_samples,
         temperature=params.grpo.temperature, vllm_python=params.evaluate.vllm_python,
         vllm_args=dict(params.evaluate.vllm_args),
     )
-    gen = generate(cfg.model_dir, prompts, settings, cfg.backend, tokenizer=tokenizer, vllm_log=engine_log(params))
+    gen = generate(model_dir, prompts, settings, cfg.backend, tokenizer=tokenizer, vllm_log=engine_log(params))
     rates = [sum(gsm8k.is_correct(s, r["gold"], cfg.mode) for s in samples) / len(samples)
              for samples, r in zip(gen.samples, rows, strict=True)]
     greedy = [gsm8k.is_correct(c, r["gold"], cfg.mode) for c, r in zip(gen.completions, rows, strict=True)]

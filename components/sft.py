@@ -141,10 +141,15 @@ def run(params: Params) -> Path:
     callbacks = [dev_callback(dev, tokenizer, cfg.dev_every, cfg.dev_max_new_tokens,
                               Plateau(cfg.plateau_patience, cfg.plateau_min_delta))] if dev else []
 
+    base = None
+    if cfg.use_lora:  # the adapter is saved over models/base, named by its weights' hash
+        from components.models.adapters import base_ref_for
+
+        base = base_ref_for(params.model.base_dir, params.model.name_or_path)
     return train_stage(
         STAGE, params, SFTTrainer, settings, model=model, tokenizer=tokenizer, dataset=dataset, callbacks=callbacks,
         inputs=[train, params.model.base_dir], fingerprint=fingerprint_settings(params), metrics=counts,
-        after_training=callbacks[0].summary if callbacks else None,
+        after_training=callbacks[0].summary if callbacks else None, base=base,
     )
 
 

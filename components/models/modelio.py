@@ -11,7 +11,9 @@
     registered_version(spec)                 (name, version) of models:/NAME@ALIAS or models:/NAME/VERSION
 
 A model folder is what `save_pretrained` writes; every stage writes and reads that format, so
-`AutoModelForCausalLM.from_pretrained` and vLLM load any of them as is.
+`AutoModelForCausalLM.from_pretrained` and vLLM load any of them as is. A LoRA run's sft and grpo
+folders hold adapters instead (components/models/adapters.py); `resolve_model` gives readers their
+base + adapter merged into a temporary folder.
 """
 
 from __future__ import annotations
@@ -52,11 +54,19 @@ def is_model_dir(path: str | os.PathLike) -> bool:
     return (p / "config.json").is_file() and any(p.glob("*.safetensors"))
 
 
+def is_model_or_adapter_dir(path: str | os.PathLike) -> bool:
+    """A full model folder, or a LoRA adapter folder (components/models/adapters.py)."""
+    from components.models.adapters import is_adapter_dir
+
+    return is_model_dir(path) or is_adapter_dir(path)
+
+
 def require_model_dir(path: str | os.PathLike, what: str, stage: str) -> None:
-    """Fail early, naming the stage that writes the folder, when a model folder is missing."""
-    if not is_model_dir(path):
+    """Fail early, naming the stage that writes the folder, when a model (or adapter) folder is missing."""
+    if not is_model_or_adapter_dir(path):
         raise InputError(
-            f"{what} folder {path} is missing or has no config.json and *.safetensors; "
+            f"{what} folder {path} is missing or has neither config.json with *.safetensors nor a LoRA "
+            f"adapter (adapter_config.json, adapter_model.safetensors); "
             f"run `dvc repro {stage}` (or `python -m components.{stage}`) first"
         )
 
@@ -132,6 +142,7 @@ class ResolvedModel:
     model_dir: str
     tokenizer_dir: str
     endpoint: str = ""  # base URL of an OpenAI-compatible server (then there is no local folder)
+    adapter_dir: str = ""  # the LoRA adapter folder when `model_dir` is its merged copy
 
 
 def registered_version(spec: str, params: Params | None = None) -> tuple[str, str] | None:
@@ -198,10 +209,16 @@ def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, para
         return ResolvedModel(spec, str(model_dir), str(tok_dir))
     path = Path(spec)
     if path.exists():
+        from components.models import adapters
+
+        if adapters.is_adapter_dir(path):  # base + adapter, merged for the readers (vLLM on CPU among them)
+            merged = adapters.merged_copy(path)
+            return ResolvedModel(spec, str(merged), str(merged), adapter_dir=str(path))
         if not is_model_dir(path):
             raise EvaluationError(
-                f"model folder {path} has no config.json with *.safetensors weights; give a model folder "
-                "written by a stage (models/sft, models/grpo) or models:/NAME@ALIAS"
+                f"model folder {path} has neither config.json with *.safetensors weights nor a LoRA adapter "
+                "(adapter_config.json); give a model folder written by a stage (models/sft, models/grpo) or "
+                "models:/NAME@ALIAS"
             )
         return ResolvedModel(spec, str(path), str(path))
     if re.fullmatch(r"[\w.-]+/[\w.-]+", spec) and not spec.startswith(("models/", "./", "../")):

@@ -278,9 +278,11 @@ def train_and_save(
     history_names: dict[str, str] | None = None,
     history_required: tuple[str, ...] = (),
     after_training: Callable[[], dict[str, Any]] | None = None,
+    base: Any = None,
 ) -> dict[str, Any]:
-    """Train (resuming from `checkpoint`), save the model folder `cfg.output_dir` atomically (LoRA
-    adapters merged when `cfg.use_lora`), answer the sample problems, log the summary to MLflow and
+    """Train (resuming from `checkpoint`), save the model folder `cfg.output_dir` atomically (with
+    `cfg.use_lora`, the LoRA adapter over `base`, an adapters.BaseRef: components/models/adapters.py),
+    answer the sample problems, log the summary to MLflow and
     write `cfg.metrics_file` and the per-step history `cfg.history_file` (see `history_rows`);
     returns the summary. `cfg` is the stage's params section; `after_training()`, if given, adds
     values known only once training is over (the GRPO signal monitor's)."""
@@ -309,15 +311,16 @@ def train_and_save(
     }
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(trainer.model)
-        if lora:
-            model = model.merge_and_unload()
         tokenizer = trainer.processing_class
         # The model folder holds no timings: the same params give a byte-identical folder (DVC's
         # hash, `grpoflow reproduce`); the report and MLflow keep them.
         provenance = {k: v for k, v in summary.items() if not is_timing(k)}
-        save_model(
-            model, tokenizer, output_dir, {"grpoflow_stage.json": provenance}, state_dict=state_dict
-        )
+        if lora:  # the adapter, not a merged copy of the base
+            from components.models.adapters import save_adapter
+
+            save_adapter(model, tokenizer, output_dir, base, {"grpoflow_stage.json": provenance})
+        else:
+            save_model(model, tokenizer, output_dir, {"grpoflow_stage.json": provenance}, state_dict=state_dict)
         summary.update(log_samples(model, tokenizer, samples, f"{stage}_samples.json", max_new_tokens))
         mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         write_json(report, summary)

@@ -40,6 +40,7 @@ def train_stage(
     history_names: Callable[[Any], dict[str, str]] | None = None,
     history_required: tuple[str, ...] = (),
     after_training: Callable[[], dict[str, Any]] | None = None,
+    base: Any = None,
     **trainer_kwargs: Any,
 ) -> Path:
     """Train `trainer_class` on `dataset` and write the stage's model folder, report and history;
@@ -51,6 +52,7 @@ def train_stage(
     logged when the run opens and join the summary (SFT's demonstration counts);
     `history_names(trainer)` renames history columns (GRPO's per-reward columns);
     `after_training()` adds values known only once training is over (dev curve, signal monitor);
+    `base` (an adapters.BaseRef) is the base a LoRA stage's adapter is saved over;
     `trainer_kwargs` go to the Trainer (GRPO's `reward_funcs`)."""
     from components.problems.sources import read_split
 
@@ -73,6 +75,6 @@ def train_stage(
         finetune.train_and_save(
             stage, trainer, checkpoint, cfg, samples=samples, max_new_tokens=max_new_tokens, extra=metrics,
             history_names=history_names(trainer) if history_names else None, history_required=history_required,
-            after_training=after_training,
+            after_training=after_training, base=base,
         )
     return Path(cfg.output_dir)

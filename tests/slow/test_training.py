@@ -1,5 +1,5 @@
 """Tiny-model end-to-end training: the model stage and a few SFT and GRPO steps that change
-the weights and log to MLflow, LoRA merged on save, a GRPO run killed after its first
+the weights and log to MLflow, LoRA saved as an adapter, a GRPO run killed after its first
 checkpoint that resumes, stale checkpoints not resumed, and stages that fail early on bad
 configs or a missing model.
 
@@ -207,7 +207,8 @@ def test_grpo_changes_the_weights_and_logs(workdir: Path):
     assert {"step", "prompt", "completion", "reward_format_reward", "advantage"} <= set(table["columns"])
 
 
-def test_lora_grpo_merges_into_a_plain_model_and_ignores_stale_checkpoints(workdir: Path):
+def test_lora_grpo_writes_an_adapter_over_the_full_sft_model_and_ignores_stale_checkpoints(workdir: Path):
+    from components.models import adapters
     from components.training import finetune
 
     # A crash left a checkpoint made with other params: it must not be resumed.
@@ -219,9 +220,11 @@ def test_lora_grpo_merges_into_a_plain_model_and_ignores_stale_checkpoints(workd
     out = stage(workdir, "grpo", "grpo.use_lora=true", "grpo.lora.r=4", "grpo.trainer.max_steps=2")
     assert "starting over" in out.stderr and "resuming from checkpoint" not in out.stderr
     grpo_dir = workdir / "models/grpo"
-    assert is_model_dir(grpo_dir) and not (grpo_dir / "adapter_config.json").exists()
-    assert weights(grpo_dir).keys() == weights(workdir / "models/sft").keys()
-    assert changed(weights(workdir / "models/sft"), weights(grpo_dir))
+    assert adapters.is_adapter_dir(grpo_dir) and not is_model_dir(grpo_dir)
+    assert adapters.base_of(grpo_dir).base_dir == "models/sft"  # the full SFT model is the adapter's base
+    merged = adapters.merge(grpo_dir, workdir / "models/sft", workdir / "merged")
+    assert weights(merged).keys() == weights(workdir / "models/sft").keys()
+    assert changed(weights(workdir / "models/sft"), weights(merged))
 
 
 def test_killed_grpo_resumes_from_its_checkpoint(workdir: Path):
