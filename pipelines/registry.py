@@ -2,9 +2,14 @@
 
 `register()` logs the folder `<register.model_stage>.output_dir` (default `models/grpo`)
 with MLflow's transformers flavour (so `mlflow.transformers.load_model` and pyfunc load it
-back) and explicit pip requirements, logs the evaluation reports next to it, and creates a
-version of `register.model_name` whose tags carry the lineage and metrics and whose
-description holds the base/SFT/GRPO table. The version is created in one call with all
+back) and explicit pip requirements. A LoRA adapter folder is logged as the adapter alone (PEFT
+through the flavour, `base_model_path` its base) and its base is registered once per weights hash
+as a version of `<register.model_name>-base`; the tags `lineage.base_model` (models:/NAME-base/N)
+and `lineage.base_weights_sha256` name it, `grpoflow.kind` says adapter or full, and
+`modelio.resolve_model` fetches the base into a cache by hash on a machine that has none.
+It logs the evaluation reports next to the model and creates a version of
+`register.model_name` whose tags carry the lineage and metrics and whose description holds
+the base/SFT/GRPO table. The version is created in one call with all
 its tags; `lineage.dvc_lock_md5` is the idempotency key: a pipeline whose dvc.lock did not change
 makes no new version. The new version gets the alias `challenger`; the `promote` step
 (pipelines/promotion.py) decides whether it becomes `champion`.
@@ -12,6 +17,7 @@ makes no new version. The new version gets the alias `challenger`; the `promote`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -22,6 +28,7 @@ from components.common.errors import RegistryError
 from components.common.params import Params
 from components.common.tracking import configure, package_versions, repo_root
 from components.evaluation.reports import read_comparison, read_items, read_metrics
+from components.models import adapters
 from pipelines.results import Registration
 
 CHAMPION = "champion"
@@ -37,6 +44,11 @@ DECISION_TAG = "promotion.decision"
 REASON_TAG = "promotion.reason"
 PREVIOUS_TAG = "promotion.previous_champion"
 MODEL_ARTIFACT = "model"
+BASE_ARTIFACT = "base"
+BASE_SUFFIX = "-base"  # the registered model that holds adapter versions' bases: <name>-base
+KIND_TAG = "grpoflow.kind"  # adapter (a LoRA adapter over a registered base) | full (a whole model)
+WEIGHTS_TAG = "grpoflow.weights_sha256"  # a base version's identity (components/models/adapters.py)
+BASE_URI_TAG, BASE_SHA_TAG = adapters.BASE_URI_TAG, adapters.BASE_SHA_TAG  # an adapter version's base
 EVAL_ARTIFACTS = "eval"
 # What the transformers flavour needs to load the folder back; pinned to what trained it.
 # (Left to itself MLflow infers torchvision too, which the CPU stack does not have.)
@@ -120,11 +132,13 @@ def client_for(params: Params, root: str | os.PathLike | None = None):
     return mlflow.MlflowClient()
 
 
-def _ensure_registered_model(client, name: str) -> None:
+def _ensure_registered_model(
+    client, name: str, description: str = "GRPO-trained policy registered by the grpoflow pipeline."
+) -> None:
     from mlflow.exceptions import MlflowException
 
     try:
-        client.create_registered_model(name, description="GRPO-trained policy registered by the grpoflow pipeline.")
+        client.create_registered_model(name, description=description)
     except MlflowException as exc:
         if "already exists" not in str(exc).lower() and "ALREADY_EXISTS" not in str(exc.error_code):
             raise
@@ -149,6 +163,65 @@ def alias_version(client, name: str, alias: str):
     return SimpleNamespace(version=str(mv.version), tags=dict(mv.tags), run_id=mv.run_id)
 
 
+# --------------------------------------------------------------------------- the base of an adapter
+
+
+@contextlib.contextmanager
+def _in_dir(path: Path):
+    cwd = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+
+
+def peft_requirement() -> list[str]:
+    version = package_versions(("peft",)).get("peft", "not-installed")
+    return [] if version == "not-installed" else [f"peft=={version.split('+', 1)[0]}"]
+
+
+def base_model_name(name: str) -> str:
+    """The registered model that holds the bases of `name`'s adapter versions."""
+    return f"{name}{BASE_SUFFIX}"
+
+
+def register_base(client, name: str, base_dir: Path, ref: adapters.BaseRef, run_id: str) -> dict[str, str]:
+    """Register the base folder under `<name>-base` unless a version with the same weights hash is
+    there; returns the adapter version's tags that name it (lineage.base_model, ...). Call inside
+    the open MLflow run `run_id`."""
+    import mlflow
+    import transformers
+
+    sha = ref.weights_sha256 or adapters.weights_sha256(base_dir)
+    base_name = base_model_name(name)
+    _ensure_registered_model(client, base_name, f"Base models the LoRA adapters of {name} apply to (by weights hash).")
+    found = client.search_model_versions(f"name = '{base_name}' and tags.`{WEIGHTS_TAG}` = '{sha}'")
+    if found:
+        version = str(min(found, key=lambda v: int(v.version)).version)
+    else:
+        info = mlflow.transformers.log_model(
+            transformers_model={
+                "model": transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype="auto"),
+                "tokenizer": transformers.AutoTokenizer.from_pretrained(base_dir),
+            },
+            name=BASE_ARTIFACT,
+            task="text-generation",
+            pip_requirements=pip_requirements(),
+        )
+        mv = client.create_model_version(
+            base_name, source=f"models:/{info.model_id}", run_id=run_id, model_id=info.model_id,
+            tags={WEIGHTS_TAG: sha, f"{LINEAGE}base_source": ref.source, KIND_TAG: "full"},
+            description=f"Base model built from {ref.source or base_dir}; weights sha256 {sha}.",
+        )
+        version = str(mv.version)
+    return {
+        BASE_URI_TAG: f"models:/{base_name}/{version}",
+        BASE_SHA_TAG: sha,
+        f"{LINEAGE}base_source": ref.source,
+    }
+
+
 # --------------------------------------------------------------------------- register
 
 
@@ -166,9 +239,10 @@ def register(params: Params, lineage: dict[str, str], run_id: str, root: str | o
         return Registration(name, str(existing.version), created=False, run_id=existing.run_id)
 
     src = model_dir(params, root)
-    if not (src / "config.json").is_file():
+    adapter = adapters.is_adapter_dir(src)
+    if not adapter and not (src / "config.json").is_file():
         raise RegistryError(
-            f"{src}: no model folder to register (config.json missing); did the "
+            f"{src}: no model folder to register (neither config.json nor a LoRA adapter); did the "
             f"'{params.register.model_stage}' stage run?"
         )
     eval_dir = root / params.evaluate.output_dir
@@ -181,18 +255,24 @@ def register(params: Params, lineage: dict[str, str], run_id: str, root: str | o
 
     import transformers
 
-    # Loaded components, not the folder path: MLflow 3.17's checkpoint-path mode breaks on
-    # transformers 5 (it reads the pipeline class from a field that became a string).
-    components = {
-        "model": transformers.AutoModelForCausalLM.from_pretrained(src, dtype="auto"),
-        "tokenizer": transformers.AutoTokenizer.from_pretrained(src),
-    }
+    base_tags: dict[str, str] = {}
     with mlflow.start_run(run_id=run_id):
+        if adapter:  # the adapter alone, over a base registered once per weights hash
+            with _in_dir(root):
+                base_dir = adapters.find_base(src)
+            base_tags = register_base(client, name, base_dir, adapters.base_of(src), run_id)
+            model = adapters.load_peft(src, base_dir, None, trainable=False)
+            extra = {"base_model_path": str(base_dir)}
+        else:
+            # Loaded components, not the folder path: MLflow 3.17's checkpoint-path mode breaks on
+            # transformers 5 (it reads the pipeline class from a field that became a string).
+            model, extra = transformers.AutoModelForCausalLM.from_pretrained(src, dtype="auto"), {}
         info = mlflow.transformers.log_model(
-            transformers_model=components,
+            transformers_model={"model": model, "tokenizer": transformers.AutoTokenizer.from_pretrained(src)},
             name=MODEL_ARTIFACT,
             task="text-generation",
-            pip_requirements=pip_requirements(),
+            pip_requirements=pip_requirements() + (peft_requirement() if adapter else []),
+            **extra,
         )
         mlflow.log_artifacts(str(eval_dir), EVAL_ARTIFACTS)
     run = client.get_run(run_id)
@@ -204,6 +284,8 @@ def register(params: Params, lineage: dict[str, str], run_id: str, root: str | o
         ITEMS_TAG: f"{run.info.artifact_uri.rstrip('/')}/{EVAL_ARTIFACTS}/{items.name}",
         f"{LINEAGE}model_stage": params.register.model_stage,
         f"{LINEAGE}pipeline_run_id": run_id,
+        KIND_TAG: "adapter" if adapter else "full",
+        **base_tags,
     }
     mv = client.create_model_version(
         name,

@@ -67,7 +67,7 @@ def test_merged_copy_answers_like_base_plus_adapter(lora_run: Path, monkeypatch)
         folder = Path("models") / name
         tok = load_tokenizer(folder)
         prompts = [gsm8k.render_prompt(r["question"], tok) for r in rows]
-        peft_model = adapters._peft_model(folder, Path("models/base"), None, trainable=False).eval()
+        peft_model = adapters.load_peft(folder, Path("models/base"), None, trainable=False).eval()
         merged_dir = adapters.merged_copy(folder)
         assert is_model_dir(merged_dir)
         merged = load_model(merged_dir, dtype="float32").eval()

@@ -198,7 +198,7 @@ def test_register_without_model_fails_clearly(repo):
     shutil.rmtree(repo / "models" / "grpo")
     params = load_params()
     write_eval(repo, [True, False])
-    with pytest.raises(RegistryError, match="config.json missing"):
+    with pytest.raises(RegistryError, match="neither config.json nor a LoRA adapter"):
         register(params, lineage("4" * 32), new_run(params), repo)
 
 
@@ -345,3 +345,67 @@ def test_the_decision_kinds_are_the_ones_produced():
         if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Decision" and len(node.args) >= 3:
             produced |= {n.value for n in ast.walk(node.args[2]) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert produced == set(typing.get_args(DecisionKind))
+
+
+def make_adapter(root: Path, seed: int = 1) -> Path:
+    """models/base (the tiny model) and models/grpo: a LoRA adapter over it with non-zero weights."""
+    import shutil
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from components.models import adapters
+
+    base = root / "models" / "base"
+    if not base.exists():
+        shutil.copytree(root / "models" / "grpo", base)
+        shutil.rmtree(root / "models" / "grpo")
+    torch.manual_seed(seed)
+    cfg = LoraConfig(r=2, lora_alpha=4, target_modules="all-linear", init_lora_weights=False, task_type="CAUSAL_LM")
+    peft = get_peft_model(AutoModelForCausalLM.from_pretrained(base), cfg)
+    adapters.save_adapter(peft, AutoTokenizer.from_pretrained(base), root / "models" / "grpo",
+                          adapters.base_ref_for("models/base", "tiny"))
+    return root / "models" / "grpo"
+
+
+def test_an_adapter_version_stores_the_adapter_and_loads_where_no_base_is(repo, tmp_path, monkeypatch):
+    import shutil
+
+    import mlflow
+
+    from components.models import adapters
+    from components.models.modelio import load_model, load_tokenizer, resolve_model
+    from components.training.train_samples import greedy
+
+    params = load_params()
+    adapter = make_adapter(repo)
+    write_eval(repo, [True] * 30 + [False] * 70)
+    reg = register(params, lineage("1" * 32), new_run(params), repo)
+    make_adapter(repo, seed=2)  # a second run over the same base: the base is not registered again
+    reg2 = register(params, lineage("2" * 32), new_run(params), repo)
+    client = mlflow.MlflowClient()
+    mv = client.get_model_version("grpoflow-policy", reg.version)
+    sha = adapters.weights_sha256(repo / "models/base")
+    assert mv.tags["grpoflow.kind"] == "adapter" and mv.tags["lineage.base_weights_sha256"] == sha
+    assert mv.tags["lineage.base_model"] == "models:/grpoflow-policy-base/1"
+    assert client.get_model_version("grpoflow-policy", reg2.version).tags["lineage.base_model"] == mv.tags["lineage.base_model"]
+    assert len(client.search_model_versions("name = 'grpoflow-policy-base'")) == 1
+    files = Path(mlflow.artifacts.download_artifacts(f"models:/grpoflow-policy/{reg.version}", dst_path=str(tmp_path / "dl")))
+    assert not list(files.rglob("model.safetensors")) and list(files.rglob("adapter_model.safetensors"))
+
+    # Elsewhere: no models/base, an empty cache of bases; the registry alone.
+    expected = adapters.merge(adapter, repo / "models/base", tmp_path / "merged-here")  # the second adapter
+    shutil.rmtree(repo / "models")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("GRPOFLOW_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)
+    resolved = resolve_model(f"models:/grpoflow-policy/{reg2.version}", download_dir=tmp_path / "v2", params=params)
+    assert resolved.adapter_dir and (cache / "bases" / sha / "config.json").is_file()
+    tok = load_tokenizer(resolved.tokenizer_dir)
+    prompts = ["1+1=", "2+3=", "9+9="]
+    assert greedy(load_model(resolved.model_dir), tok, prompts, 5) == greedy(load_model(expected), tok, prompts, 5)
+    components = mlflow.transformers.load_model(
+        f"models:/grpoflow-policy/{reg.version}", return_type="components", base_model_path=str(cache / "bases" / sha)
+    )
+    assert type(components["model"]).__name__ == "PeftModelForCausalLM"

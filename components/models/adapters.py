@@ -20,6 +20,7 @@ flavour, a copy in the registry) have the same identity.
     merge(adapter_dir, base_dir, out_dir)  base + adapter merged into a full model folder
     merged_copy(adapter_dir, base_dir)     a merged copy in a temporary folder (removed at exit)
     load_trainable(adapter_dir, base_dir)  base + adapter as a trainable PeftModel (GRPO continues SFT's)
+    fetch_base(base_uri, sha)              a registered base, downloaded once into the cache by hash
 
 Readers that need plain weights (vLLM on CPU, `grpoflow serve`, the promotion gate) go through
 `modelio.resolve_model`, which merges an adapter into a temporary folder: the merged model is
@@ -47,6 +48,9 @@ log = logging.getLogger("grpoflow.adapters")
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_FILE = "grpoflow_adapter.json"
+# The tags of a registered adapter version that name its base (pipelines/registry.py writes them).
+BASE_URI_TAG = "lineage.base_model"  # models:/<name>-base/<version>
+BASE_SHA_TAG = "lineage.base_weights_sha256"
 CACHE_ENV = "GRPOFLOW_CACHE"  # where fetched bases are kept, by weights hash (default ~/.cache/grpoflow)
 
 
@@ -172,7 +176,7 @@ def base_ref_for(base_dir: str | os.PathLike, source: str) -> BaseRef:
     return BaseRef(str(base_dir), weights_sha256(base_dir), source)
 
 
-def _peft_model(adapter_dir: Path, base_dir: Path, dtype: str | None, trainable: bool):
+def load_peft(adapter_dir: Path, base_dir: Path, dtype: str | None, trainable: bool):
     """PeftModel of base + adapter; `dtype` a `model.dtype` name, or None for the base's own dtype."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -187,22 +191,32 @@ def _peft_model(adapter_dir: Path, base_dir: Path, dtype: str | None, trainable:
 
 def load_trainable(adapter_dir: str | os.PathLike, base_dir: str | os.PathLike, dtype: str = "auto"):
     """Base + adapter as a PeftModel whose adapter trains on (GRPO continuing SFT's adapter)."""
-    return _peft_model(Path(adapter_dir), Path(base_dir), dtype, trainable=True)
+    return load_peft(Path(adapter_dir), Path(base_dir), dtype, trainable=True)
 
 
-def merge(adapter_dir: str | os.PathLike, base_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+def merge(
+    adapter_dir: str | os.PathLike,
+    base_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    tokenizer_dir: str | os.PathLike | None = None,
+) -> Path:
     """Base + adapter merged (in the base's own dtype) into a full model folder `out_dir`, with the
-    adapter's tokenizer: what `grpoflow export --merged` writes and what vLLM on CPU loads."""
+    tokenizer of `tokenizer_dir` (default: the adapter folder's): what `grpoflow export --merged`
+    writes and what vLLM on CPU loads."""
     from components.models.modelio import load_tokenizer, save_model
 
-    model = _peft_model(Path(adapter_dir), Path(base_dir), None, trainable=False).merge_and_unload()
-    return save_model(model, load_tokenizer(adapter_dir), out_dir)  # generation_config.json: the base's
+    model = load_peft(Path(adapter_dir), Path(base_dir), None, trainable=False).merge_and_unload()
+    return save_model(model, load_tokenizer(tokenizer_dir or adapter_dir), out_dir)  # generation_config: the base's
 
 
 _MERGED: dict[tuple[str, str], Path] = {}
 
 
-def merged_copy(adapter_dir: str | os.PathLike, base_dir: str | os.PathLike | None = None) -> Path:
+def merged_copy(
+    adapter_dir: str | os.PathLike,
+    base_dir: str | os.PathLike | None = None,
+    tokenizer_dir: str | os.PathLike | None = None,
+) -> Path:
     """A merged copy of the adapter in a temporary folder, made once per process and removed when
     the process exits."""
     base = Path(base_dir) if base_dir else find_base(adapter_dir)
@@ -211,5 +225,35 @@ def merged_copy(adapter_dir: str | os.PathLike, base_dir: str | os.PathLike | No
         root = Path(tempfile.mkdtemp(prefix="grpoflow-merged-"))
         atexit.register(shutil.rmtree, root, True)
         log.info("merging adapter %s into %s for this process", adapter_dir, base)
-        _MERGED[key] = merge(adapter_dir, base, root / "model")
+        _MERGED[key] = merge(adapter_dir, base, root / "model", tokenizer_dir)
     return _MERGED[key]
+
+
+def fetch_base(base_uri: str, sha: str) -> Path:
+    """The registered base `base_uri` (models:/NAME/VERSION) in the local cache of bases, downloaded
+    once and checked against its weights hash `sha`; later calls use the cached copy."""
+    import mlflow
+
+    from components.common.errors import EvaluationError
+    from components.models.modelio import is_model_dir
+
+    cached = cached_base(sha)
+    if is_model_dir(cached):
+        return cached
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{sha[:12]}.tmp-", dir=cached.parent))
+    try:
+        log.info("fetching base model %s into %s", base_uri, cached)
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=base_uri, dst_path=str(tmp)))
+        found = next((d for d in sorted([local, *local.rglob("*")], key=lambda p: len(p.parts))
+                      if d.is_dir() and is_model_dir(d)), None)
+        if found is None:
+            raise EvaluationError(f"base model {base_uri}: no model folder (config.json + *.safetensors) in its artifacts")
+        got = weights_sha256(found)
+        if got != sha:
+            raise EvaluationError(f"base model {base_uri}: its weights hash {got[:12]}… is not the recorded {sha[:12]}…")
+        if not cached.exists():  # another process may have cached it meanwhile
+            os.replace(found, cached)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return cached

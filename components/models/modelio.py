@@ -174,11 +174,34 @@ def _find_dir(root: Path, test) -> Path | None:
     return None
 
 
+def _registered_adapter(spec: str, local: Path, adapter: Path, params: Params | None) -> ResolvedModel:
+    """A registered adapter version: its base (tag lineage.base_model, fetched once into the cache of
+    bases by weights hash) + the adapter, merged into a temporary folder."""
+    import mlflow
+
+    from components.models import adapters
+
+    version = registered_version(spec, params)
+    if version is None:
+        raise EvaluationError(f"model {spec}: a LoRA adapter; load it as models:/NAME/VERSION or models:/NAME@ALIAS")
+    tags = mlflow.MlflowClient().get_model_version(*version).tags
+    base_uri, sha = tags.get(adapters.BASE_URI_TAG), tags.get(adapters.BASE_SHA_TAG)
+    if not base_uri or not sha:
+        raise EvaluationError(f"model {spec}: a LoRA adapter whose version names no base (tags "
+                              f"{adapters.BASE_URI_TAG}, {adapters.BASE_SHA_TAG})")
+    base = adapters.fetch_base(base_uri, sha)
+    tok_dir = _find_dir(local, lambda p: (p / "tokenizer_config.json").is_file()) or base
+    merged = adapters.merged_copy(adapter, base, tok_dir)
+    return ResolvedModel(spec, str(merged), str(merged), adapter_dir=str(adapter))
+
+
 def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, params: Params | None = None) -> ResolvedModel:
     """A model folder for `spec`: a local folder, an MLflow URI (models:/NAME@ALIAS, runs:/...) or a hub id;
     or, for an http(s) URL, the base URL of an OpenAI-compatible endpoint (nothing downloaded)."""
     if spec.startswith(("http://", "https://")):
         return ResolvedModel(spec, "", "", endpoint=spec.rstrip("/"))
+    from components.models import adapters
+
     if spec.startswith(MODEL_URI_SCHEMES):
         import mlflow
 
@@ -194,6 +217,8 @@ def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, para
                 f"({type(exc).__name__}: {str(exc)[:300]})"
             ) from None
         model_dir = _find_dir(local, is_model_dir)
+        if model_dir is None and (adapter := _find_dir(local, adapters.is_adapter_dir)) is not None:
+            return _registered_adapter(spec, local, adapter, params)
         if model_dir is None:
             raise EvaluationError(
                 f"model {spec}: no Hugging Face model folder (config.json + *.safetensors) in its artifacts at {local}; "
@@ -209,8 +234,6 @@ def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, para
         return ResolvedModel(spec, str(model_dir), str(tok_dir))
     path = Path(spec)
     if path.exists():
-        from components.models import adapters
-
         if adapters.is_adapter_dir(path):  # base + adapter, merged for the readers (vLLM on CPU among them)
             merged = adapters.merged_copy(path)
             return ResolvedModel(spec, str(merged), str(merged), adapter_dir=str(path))
