@@ -8,6 +8,7 @@
     grpoflow deploy / schedule                  schedule the flow on a Prefect server / from this process
     grpoflow serve [MODEL]                      a model behind vLLM's OpenAI-compatible server
     grpoflow reproduce NAME VERSION             re-run a registered version's pipeline, compare its metrics
+    grpoflow export MODEL DIR [--merged]        a self-contained copy of a model (LoRA: merged, or with its base)
     grpoflow ui                                 the MLflow UI on 127.0.0.1
 
 Start-up stays fast: this module imports only the standard library; each subcommand
@@ -21,6 +22,11 @@ import importlib
 import sys
 
 PARAMS_HELP = "override one param, as in `dvc exp run -S` (repeatable), e.g. -S grpo.beta=0.0"
+EXPORT_DESCRIPTION = (
+    "Write MODEL as a folder that needs nothing else: a full model as is; a LoRA adapter with --merged as "
+    "base + adapter merged into one model folder, without --merged as the adapter with its base in DIR/base. "
+    "A registered adapter version's base is fetched from the registry (once, cached by its weights hash)."
+)
 SERVE_DESCRIPTION = (
     "Resolve and download MODEL, then serve it with vLLM's OpenAI-compatible server under NAME/VERSION, with its "
     "own chat template and the evaluate section's engine settings (on CPU in the evaluate.vllm_python venv). "
@@ -156,6 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest absolute difference accepted per metric (default 0: identical)")
     _add_params(p)
     p.set_defaults(handler="pipelines.reproduce:cli_reproduce")
+
+    export_help = "write a self-contained copy of a model folder or registered version (LoRA: --merged, or with its base)"
+    p = sub.add_parser("export", help=export_help, description=EXPORT_DESCRIPTION)
+    p.add_argument("model", help="model or adapter folder (models/grpo) or models:/NAME@ALIAS | models:/NAME/VERSION")
+    p.add_argument("dir", help="the folder to write (must not exist, be empty, or hold an earlier export)")
+    p.add_argument("--merged", action="store_true",
+                   help="a LoRA adapter merged into its base: one full model folder (vLLM, transformers, llama.cpp)")
+    _add_params(p)
+    p.set_defaults(handler="pipelines.export:cli_export")
 
     p = sub.add_parser("ui", help="serve the MLflow UI on 127.0.0.1")
     p.add_argument("--port", type=int, default=5000, help="port (default 5000)")

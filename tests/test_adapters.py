@@ -96,3 +96,34 @@ def test_a_changed_base_is_refused_by_name(lora_run: Path, tmp_path: Path):
     proc = stage(work, "evaluate", *LORA, "evaluate.backend=transformers", check=False)
     assert proc.returncode != 0
     assert "adapter models/sft: its base model models/base with weights sha256" in proc.stderr
+
+
+def test_export_writes_a_merged_model_or_the_adapter_with_its_base(lora_run: Path, tmp_path: Path):
+    import subprocess
+    import sys
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from components.models.modelio import load_model, load_tokenizer
+    from components.training.train_samples import greedy
+    from tests.slow.test_training import _env
+
+    work = tmp_path / "work"
+    shutil.copytree(lora_run, work)
+    for args in (["models/grpo", str(tmp_path / "merged"), "--merged"], ["models/grpo", str(tmp_path / "adapter")]):
+        proc = subprocess.run([sys.executable, "-m", "pipelines.cli", "export", *args], cwd=work, env=_env(work),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"grpoflow export: wrote {args[1]}" in proc.stdout
+    assert is_model_dir(tmp_path / "merged") and not adapters.is_adapter_dir(tmp_path / "merged")
+    assert adapters.is_adapter_dir(tmp_path / "adapter") and is_model_dir(tmp_path / "adapter/base")
+    shutil.rmtree(work)  # nothing of the checkout is needed any more
+
+    tok = load_tokenizer(tmp_path / "adapter")
+    prompts = ["1 + 2 = ?", "What is 3 + 4?"]
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "adapter/base"), tmp_path / "adapter")
+    assert greedy(peft_model.eval(), tok, prompts, 16) == greedy(load_model(tmp_path / "merged").eval(), tok, prompts, 16)
+    again = subprocess.run([sys.executable, "-m", "pipelines.cli", "export", "models/grpo", str(lora_run / "data")],
+                           cwd=lora_run, env=_env(lora_run), capture_output=True, text=True, timeout=300)
+    assert again.returncode != 0 and "grpoflow did not write" in again.stderr  # never replaces foreign files
