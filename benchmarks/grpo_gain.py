@@ -108,7 +108,7 @@ def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, con
     from components.common.files import jsonl_bytes, write_files
     from components.evaluation import metrics as metrics_mod
     from components.evaluation import scoring
-    from components.models.modelio import resolve_model
+    from components.models.resolve import resolve_model
     from components.problems.sources import load_problems
     from pipelines.params.config import load_params
 

@@ -52,7 +52,8 @@ from components.common.params import Params
 from components.evaluation.metrics import compare, compare_bands
 from components.evaluation.reports import Results, log_to_mlflow, write_reports
 from components.evaluation.scoring import data_source, evaluate_model
-from components.models.modelio import is_model_or_adapter_dir, resolve_model
+from components.models.modelio import is_model_or_adapter_dir
+from components.models.resolve import resolve_model
 from components.problems.sources import load_problems
 
 log = logging.getLogger("grpoflow.evaluate")

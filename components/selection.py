@@ -103,7 +103,8 @@ def histogram(rates: list[float | None], k: int, cfg: SelectionParams) -> list[d
 def pass_rates(params: Params, rows: list[dict[str, str]]) -> tuple[list[float], list[bool], str]:
     """(pass rate of the k samples, greedy answer right, backend) per problem."""
     from components.evaluation.generation import GenerationSettings, generate
-    from components.models.modelio import load_tokenizer, resolve_model
+    from components.models.modelio import load_tokenizer
+    from components.models.resolve import resolve_model
     from components.problems import gsm8k
 
     cfg = params.selection

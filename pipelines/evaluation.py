@@ -40,7 +40,7 @@ from components.evaluate import STAGE as EVALUATE
 from components.evaluation.endpoint import connect
 from components.evaluation.reports import log_to_mlflow, write_reports
 from components.evaluation.scoring import data_source, evaluate_model, fewshot_source
-from components.models.modelio import resolve_model
+from components.models.resolve import resolve_model
 from components.problems.sources import load_problems
 from pipelines.params.config import add_params_args, load_params
 

@@ -32,7 +32,7 @@ from components.common.params import Params
 def export(params: Params, spec: str, out_dir: str, merged: bool) -> tuple[Path, str]:
     """Write the self-contained copy of `spec` into `out_dir`; returns (out_dir, what was written)."""
     from components.models import adapters
-    from components.models.modelio import resolve_model
+    from components.models.resolve import resolve_model
 
     if spec.startswith(("http://", "https://")):
         raise InputError(f"{spec} is an endpoint; export takes a model folder or models:/NAME@ALIAS")
@@ -68,7 +68,7 @@ def _base_of_resolved(model) -> Path:
     if model.spec.startswith("models:/"):
         import mlflow
 
-        from components.models.modelio import registered_version
+        from components.models.resolve import registered_version
 
         tags = mlflow.MlflowClient().get_model_version(*registered_version(model.spec)).tags
         return adapters.fetch_base(tags[adapters.BASE_URI_TAG], tags[adapters.BASE_SHA_TAG])

@@ -186,7 +186,7 @@ def reevaluate(params: Params, name: str, version: str, root: Path, test_sha256:
     """Evaluate registered `version` on the challenger's items with the challenger's settings
     (`params.evaluate`); {item id: scored item}."""
     from components.evaluation.scoring import data_source, evaluate_model
-    from components.models.modelio import resolve_model
+    from components.models.resolve import resolve_model
     from components.problems.sources import load_problems, problems_sha256
 
     cfg = params.evaluate

@@ -6,7 +6,7 @@ back) and explicit pip requirements. A LoRA adapter folder is logged as the adap
 through the flavour, `base_model_path` its base) and its base is registered once per weights hash
 as a version of `<register.model_name>-base`; the tags `lineage.base_model` (models:/NAME-base/N)
 and `lineage.base_weights_sha256` name it, `grpoflow.kind` says adapter or full, and
-`modelio.resolve_model` fetches the base into a cache by hash on a machine that has none.
+`resolve.resolve_model` fetches the base into a cache by hash on a machine that has none.
 It logs the evaluation reports next to the model and creates a version of
 `register.model_name` whose tags carry the lineage and metrics and whose description holds
 the base/SFT/GRPO table. The version is created in one call with all

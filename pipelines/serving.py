@@ -5,7 +5,7 @@ OpenAI-compatible server on 127.0.0.1.
     grpoflow serve models:/grpoflow-policy/3 --port 8001
     grpoflow serve models/grpo                          # a model folder
 
-The model is resolved and downloaded by `components.models.modelio.resolve_model` (an alias is pinned
+The model is resolved and downloaded by `components.models.resolve.resolve_model` (an alias is pinned
 to its version first), then served under `NAME/VERSION` (e.g. `grpoflow-policy/3`; a folder
 under its folder name, a hub id under itself) with the tokenizer's own chat template, so a chat
 request with the messages `gsm8k.build_messages` makes gets the prompt the model was trained
@@ -39,7 +39,7 @@ from typing import Any
 from components.common.errors import BackendError, ConfigError, EvaluationError
 from components.common.params import Params
 from components.evaluation.vllm_backend import vllm_server_command, worker_env
-from components.models.modelio import registered_version, resolve_model
+from components.models.resolve import registered_version, resolve_model
 from components.problems.gsm8k import build_messages
 from pipelines.params.config import load_params
 

@@ -56,10 +56,10 @@ def test_sft_and_grpo_write_adapters_over_the_base(lora_run: Path):
 
 
 def test_merged_copy_answers_like_base_plus_adapter(lora_run: Path, monkeypatch):
-    from components.training.train_samples import greedy
     from components.models.modelio import load_model, load_tokenizer
     from components.problems import gsm8k
     from components.problems.sources import read_split
+    from components.training.train_samples import greedy
 
     monkeypatch.chdir(lora_run)
     rows = read_split(Path("data/processed/test.jsonl"))

@@ -179,6 +179,8 @@ RERUNS = {
     "components/problems/sources.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
     # model folders: every stage that reads or writes one
     "components/models/modelio.py": {"model", "sft", "selection", "grpo", "evaluate"},
+    "components/models/adapters.py": {"sft", "selection", "grpo", "evaluate"},  # LoRA runs write and read adapters
+    "components/models/resolve.py": {"selection", "evaluate"},  # the readers' model specs
     # one concern, one or two stages
     "components/training/finetune.py": {"sft", "grpo"},
     "components/training/stage_run.py": {"sft", "grpo"},

@@ -99,7 +99,7 @@ def test_a_small_pipeline_runs_registers_and_shows_its_results(tmp_path):
     assert {(d.dataset.name, d.dataset.digest) for d in parent.inputs.dataset_inputs} >= {("test", test_sha[:36])}
     children = {r.data.tags["grpoflow.stage"]: r for r in client.search_runs(
         [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")}
-    for stage, split in (("sft", "train"), ("grpo", "train"), ("evaluate", "test")):
+    for stage, split in (("sft", "train"), ("grpo", "selected_prompts"), ("evaluate", "test")):
         assert [d.dataset.name for d in children[stage].inputs.dataset_inputs] == [split], stage
 
     # Nothing changed: a second run skips every stage and registers nothing new.

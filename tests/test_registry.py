@@ -245,7 +245,7 @@ def test_gate_reevaluates_a_champion_evaluated_on_other_items(repo, monkeypatch)
     from components import data
     from components.evaluation.reports import write_reports
     from components.evaluation.scoring import data_source, evaluate_model
-    from components.models.modelio import resolve_model
+    from components.models.resolve import resolve_model
     from components.problems.sources import load_problems
     from pipelines.params.config import DataParams
 
@@ -375,7 +375,8 @@ def test_an_adapter_version_stores_the_adapter_and_loads_where_no_base_is(repo, 
     import mlflow
 
     from components.models import adapters
-    from components.models.modelio import load_model, load_tokenizer, resolve_model
+    from components.models.modelio import load_model, load_tokenizer
+    from components.models.resolve import resolve_model
     from components.training.train_samples import greedy
 
     params = load_params()

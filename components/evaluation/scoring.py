@@ -29,7 +29,8 @@ from components.evaluation import endpoint, lm_eval_gsm8k
 from components.evaluation.generation import Generation, GenerationSettings, generate
 from components.evaluation.metrics import band_metrics, item_metrics
 from components.evaluation.stats import majority_vote
-from components.models.modelio import ResolvedModel, load_tokenizer
+from components.models.modelio import load_tokenizer
+from components.models.resolve import ResolvedModel
 from components.problems import gsm8k
 from components.problems.sources import load_problems, problems_sha256
 

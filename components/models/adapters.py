@@ -23,7 +23,7 @@ flavour, a copy in the registry) have the same identity.
     fetch_base(base_uri, sha)              a registered base, downloaded once into the cache by hash
 
 Readers that need plain weights (vLLM on CPU, `grpoflow serve`, the promotion gate) go through
-`modelio.resolve_model`, which merges an adapter into a temporary folder: the merged model is
+`resolve.resolve_model` (components/models/resolve.py), which merges an adapter into a temporary folder: the merged model is
 what the adapter computes, and greedy decoding of the two is compared item by item in the tests.
 """
 
@@ -42,21 +42,20 @@ from typing import Any
 
 from components.common.errors import InputError
 from components.common.files import repo_root
+from components.models.modelio import (  # noqa: F401 (ADAPTER_WEIGHTS, is_adapter_dir: the file check lives in modelio)
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    is_adapter_dir,
+    is_model_dir,
+)
 
 log = logging.getLogger("grpoflow.adapters")
 
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_FILE = "grpoflow_adapter.json"
 # The tags of a registered adapter version that name its base (pipelines/registry.py writes them).
 BASE_URI_TAG = "lineage.base_model"  # models:/<name>-base/<version>
 BASE_SHA_TAG = "lineage.base_weights_sha256"
 CACHE_ENV = "GRPOFLOW_CACHE"  # where fetched bases are kept, by weights hash (default ~/.cache/grpoflow)
-
-
-def is_adapter_dir(path: str | os.PathLike) -> bool:
-    p = Path(path)
-    return (p / ADAPTER_CONFIG).is_file() and (p / ADAPTER_WEIGHTS).is_file()
 
 
 def weights_sha256(folder: str | os.PathLike) -> str:
@@ -124,8 +123,6 @@ def find_base(adapter_dir: str | os.PathLike, candidates: list[str | os.PathLike
     then under the checkout) and the cache of fetched bases that holds the recorded weights. A
     folder whose weights differ from the recorded hash is never used; InputError names what was
     looked at when none fits."""
-    from components.models.modelio import is_model_dir
-
     ref = base_of(adapter_dir)
     tried: list[str] = []
     places = [*candidates, ref.base_dir, repo_root() / ref.base_dir]
@@ -235,8 +232,6 @@ def fetch_base(base_uri: str, sha: str) -> Path:
     import mlflow
 
     from components.common.errors import EvaluationError
-    from components.models.modelio import is_model_dir
-
     cached = cached_base(sha)
     if is_model_dir(cached):
         return cached

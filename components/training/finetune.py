@@ -249,7 +249,11 @@ def tracked(stage: str, params: Params, args: Any) -> Iterator[None]:
     if args.process_index == 0:
         from components.common.tracking import data_splits, stage_run
 
-        with stage_run(stage, params, datasets=data_splits(params, train="training")):
+        # GRPO trains on the selection stage's prompts, not on the demonstrations (train.jsonl).
+        datasets = data_splits(params, train="training")
+        if stage == "grpo":
+            datasets = {"selected_prompts": (Path(params.selection.output_file), "training")}
+        with stage_run(stage, params, datasets=datasets):
             yield
     else:
         yield

@@ -141,7 +141,8 @@ HELP: dict[str, str] = {
     "sft.sample_size": (
         'Test problems answered greedily after training and logged to MLflow as a table of samples.'
     ),
-    "sft.use_lora": 'Train LoRA adapters (peft) instead of all weights; merged into the saved model.',
+    "sft.use_lora": 'Train LoRA adapters (peft) instead of all weights; sft.output_dir holds the adapter over model.base_dir '
+                    '(readers merge it; `grpoflow export --merged` writes a full copy).',
     "sft.lora": (
         'Keyword arguments of peft.LoraConfig, used when use_lora is true (task_type is set by the '
         'stage).'
@@ -246,7 +247,8 @@ HELP: dict[str, str] = {
         "Signal monitor: warn when the window's mean KL to the reference model is above this (policy "
         'drift).'
     ),
-    "grpo.use_lora": 'Train LoRA adapters (peft) instead of all weights; merged into the saved model.',
+    "grpo.use_lora": 'Train LoRA adapters (peft) instead of all weights; grpo.output_dir holds the adapter (continuing '
+                     "SFT's adapter over its base when SFT wrote one; grpo.lora then unused).",
     "grpo.lora": (
         'Keyword arguments of peft.LoraConfig, used when use_lora is true (task_type is set by the '
         'stage).'

@@ -1,7 +1,9 @@
 """A real pretrained model through the whole pipeline, offline: `grpoflow run --preset smollm2-135m-cpu`
 at smoke-level steps (2 SFT steps, 1 GRPO step, 20 test problems) in a fresh checkout. models/base is
 SmolLM2-135M-Instruct (LlamaForCausalLM, hidden 576, 30 layers) with its ChatML template and the
-system prompt in every rendered prompt; the GRPO model is registered; `grpoflow evaluate --model
+system prompt in every rendered prompt; sft and grpo write LoRA adapters (no merged copies) and the
+registered version holds the adapter and names its registered base; the GRPO model is registered and
+evaluated from the registry; `grpoflow evaluate --model
 models/base` reports its accuracy; `grpoflow serve` of the registered version answers a chat
 completion asked through the official `openai` client.
 
@@ -84,6 +86,22 @@ def test_smollm2_through_the_pipeline_registered_and_served(tmp_path):
     versions = mlflow.MlflowClient().search_model_versions("name = 'grpoflow-policy'")
     assert [str(v.version) for v in versions] == ["1"]  # MLflow 3 returns an int here
     assert versions[0].tags["lineage.base.gguf_sha256"] == source["gguf_sha256"]  # the GGUF file in the lineage
+
+    # LoRA on: adapters, not merged copies, in the DVC outs and the registered version.
+    from components.models import adapters
+
+    def size(folder: Path) -> int:
+        return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+    for name in ("sft", "grpo"):
+        assert adapters.is_adapter_dir(repo / "models" / name) and size(repo / "models" / name) < 60e6, name
+    assert versions[0].tags["grpoflow.kind"] == "adapter"
+    assert versions[0].tags["lineage.base_model"] == "models:/grpoflow-policy-base/1"
+    version_files = Path(mlflow.artifacts.download_artifacts("models:/grpoflow-policy/1", dst_path=str(tmp_path / "v1")))
+    assert size(version_files) < 60e6, size(version_files)
+    print(f"sizes: models/sft {size(repo / 'models/sft')}, models/grpo {size(repo / 'models/grpo')}, "
+          f"registered version {size(version_files)}, models/base {size(repo / 'models/base')} bytes")
+    run([py, "-m", "pipelines.cli", "evaluate", "--model", "models:/grpoflow-policy@champion", "--limit", "5"], repo, env)
 
     out = run([py, "-m", "pipelines.cli", "evaluate", "--model", "models/base", "--limit", "10"], repo, env).stdout
     report = json.loads((repo / "reports/eval/cli/base/base.json").read_text())
