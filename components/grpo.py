@@ -221,7 +221,8 @@ def run(params: Params) -> Path:
 
     return train_stage(
         STAGE, params, _trainer_class(), settings, model=model, tokenizer=tokenizer, dataset=dataset,
-        callbacks=callbacks, inputs=[prompts, *inputs], fingerprint=fingerprint_settings(params),
+        callbacks=callbacks, inputs=[prompts, *inputs], datasets={"selected_prompts": (prompts, "training")},
+        fingerprint=fingerprint_settings(params),
         max_new_tokens=max_new_tokens, reward_funcs=reward_funcs, history_required=HISTORY_REQUIRED,
         history_names=lambda trainer: history_names(trainer.reward_func_names, params.rewards.funcs),
         after_training=summary, base=base,

@@ -148,7 +148,8 @@ def run(params: Params) -> Path:
         base = base_ref_for(params.model.base_dir, params.model.name_or_path)
     return train_stage(
         STAGE, params, SFTTrainer, settings, model=model, tokenizer=tokenizer, dataset=dataset, callbacks=callbacks,
-        inputs=[train, params.model.base_dir], fingerprint=fingerprint_settings(params), metrics=counts,
+        inputs=[train, params.model.base_dir], datasets={"train": (train, "training")},
+        fingerprint=fingerprint_settings(params), metrics=counts,
         after_training=callbacks[0].summary if callbacks else None, base=base,
     )
 

@@ -44,14 +44,11 @@ def export(params: Params, spec: str, out_dir: str, merged: bool) -> tuple[Path,
         if merged:  # resolve_model has merged it already
             return replace_dir(out_dir, lambda d: _copy_files(Path(model.model_dir), d)), "merged model (base + adapter)"
 
-        adapter, base = Path(model.adapter_dir), _base_of_resolved(model)
+        adapter, base = Path(model.adapter_dir), Path(model.base_dir)
 
         def write(d: Path) -> None:
-            for f in adapter.iterdir():
-                if f.is_file():
-                    shutil.copy2(f, d / f.name)
-            tok = Path(model.tokenizer_dir)
-            for f in tok.iterdir():  # the tokenizer, when it sits apart from the adapter (registry layout)
+            _copy_files(adapter, d)
+            for f in Path(model.tokenizer_dir).iterdir():  # the tokenizer, where the registry keeps it apart
                 if f.is_file() and "token" in f.name and not (d / f.name).exists():
                     shutil.copy2(f, d / f.name)
             _copy_files(base, d / "base")
@@ -60,19 +57,6 @@ def export(params: Params, spec: str, out_dir: str, merged: bool) -> tuple[Path,
             (d / adapters.ADAPTER_CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
         return replace_dir(out_dir, write), "adapter, with its base in base/"
-
-
-def _base_of_resolved(model) -> Path:
-    from components.models import adapters
-
-    if model.spec.startswith("models:/"):
-        import mlflow
-
-        from components.models.resolve import registered_version
-
-        tags = mlflow.MlflowClient().get_model_version(*registered_version(model.spec)).tags
-        return adapters.fetch_base(tags[adapters.BASE_URI_TAG], tags[adapters.BASE_SHA_TAG])
-    return adapters.find_base(model.adapter_dir)
 
 
 def _copy_files(src: Path, dst: Path, tokenizer_dir: Path | None = None) -> None:

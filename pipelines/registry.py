@@ -17,7 +17,6 @@ makes no new version. The new version gets the alias `challenger`; the `promote`
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from pathlib import Path
@@ -59,10 +58,10 @@ TABLE_KEYS = ("accuracy_strict", "accuracy_flexible", "format_rate", "mean_compl
 # --------------------------------------------------------------------------- helpers
 
 
-def pip_requirements() -> list[str]:
-    """`name==version` for the flavour's runtime, local version labels (+cpu) dropped."""
+def pip_requirements(names: tuple[str, ...] = REQUIREMENTS) -> list[str]:
+    """`name==version` for the flavour's runtime (an adapter's adds peft), local version labels (+cpu) dropped."""
     reqs = []
-    for name, version in package_versions(REQUIREMENTS).items():
+    for name, version in package_versions(names).items():
         if version != "not-installed":
             reqs.append(f"{name}=={version.split('+', 1)[0]}")
     return reqs
@@ -166,21 +165,6 @@ def alias_version(client, name: str, alias: str):
 # --------------------------------------------------------------------------- the base of an adapter
 
 
-@contextlib.contextmanager
-def _in_dir(path: Path):
-    cwd = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(cwd)
-
-
-def peft_requirement() -> list[str]:
-    version = package_versions(("peft",)).get("peft", "not-installed")
-    return [] if version == "not-installed" else [f"peft=={version.split('+', 1)[0]}"]
-
-
 def base_model_name(name: str) -> str:
     """The registered model that holds the bases of `name`'s adapter versions."""
     return f"{name}{BASE_SUFFIX}"
@@ -258,8 +242,7 @@ def register(params: Params, lineage: dict[str, str], run_id: str, root: str | o
     base_tags: dict[str, str] = {}
     with mlflow.start_run(run_id=run_id):
         if adapter:  # the adapter alone, over a base registered once per weights hash
-            with _in_dir(root):
-                base_dir = adapters.find_base(src)
+            base_dir = adapters.find_base(src, [root / adapters.base_of(src).base_dir])
             base_tags = register_base(client, name, base_dir, adapters.base_of(src), run_id)
             model = adapters.load_peft(src, base_dir, None, trainable=False)
             extra = {"base_model_path": str(base_dir)}
@@ -271,7 +254,7 @@ def register(params: Params, lineage: dict[str, str], run_id: str, root: str | o
             transformers_model={"model": model, "tokenizer": transformers.AutoTokenizer.from_pretrained(src)},
             name=MODEL_ARTIFACT,
             task="text-generation",
-            pip_requirements=pip_requirements() + (peft_requirement() if adapter else []),
+            pip_requirements=pip_requirements(REQUIREMENTS + ("peft",) if adapter else REQUIREMENTS),
             **extra,
         )
         mlflow.log_artifacts(str(eval_dir), EVAL_ARTIFACTS)

@@ -20,7 +20,6 @@ flavour, a copy in the registry) have the same identity.
     merge(adapter_dir, base_dir, out_dir)  base + adapter merged into a full model folder
     merged_copy(adapter_dir, base_dir)     a merged copy in a temporary folder (removed at exit)
     load_trainable(adapter_dir, base_dir)  base + adapter as a trainable PeftModel (GRPO continues SFT's)
-    fetch_base(base_uri, sha)              a registered base, downloaded once into the cache by hash
 
 Readers that need plain weights (vLLM on CPU, `grpoflow serve`, the promotion gate) go through
 `resolve.resolve_model` (components/models/resolve.py), which merges an adapter into a temporary folder: the merged model is
@@ -114,7 +113,8 @@ def cache_dir() -> Path:
 
 
 def cached_base(sha: str) -> Path:
-    """Where a base with these weights is kept once fetched (`$GRPOFLOW_CACHE/bases/<sha>`)."""
+    """Where a base with these weights is kept once fetched (`$GRPOFLOW_CACHE/bases/<sha>`, by
+    resolve.fetch_base)."""
     return cache_dir() / "bases" / sha
 
 
@@ -224,31 +224,3 @@ def merged_copy(
         log.info("merging adapter %s into %s for this process", adapter_dir, base)
         _MERGED[key] = merge(adapter_dir, base, root / "model", tokenizer_dir)
     return _MERGED[key]
-
-
-def fetch_base(base_uri: str, sha: str) -> Path:
-    """The registered base `base_uri` (models:/NAME/VERSION) in the local cache of bases, downloaded
-    once and checked against its weights hash `sha`; later calls use the cached copy."""
-    import mlflow
-
-    from components.common.errors import EvaluationError
-    cached = cached_base(sha)
-    if is_model_dir(cached):
-        return cached
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{sha[:12]}.tmp-", dir=cached.parent))
-    try:
-        log.info("fetching base model %s into %s", base_uri, cached)
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=base_uri, dst_path=str(tmp)))
-        found = next((d for d in sorted([local, *local.rglob("*")], key=lambda p: len(p.parts))
-                      if d.is_dir() and is_model_dir(d)), None)
-        if found is None:
-            raise EvaluationError(f"base model {base_uri}: no model folder (config.json + *.safetensors) in its artifacts")
-        got = weights_sha256(found)
-        if got != sha:
-            raise EvaluationError(f"base model {base_uri}: its weights hash {got[:12]}… is not the recorded {sha[:12]}…")
-        if not cached.exists():  # another process may have cached it meanwhile
-            os.replace(found, cached)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return cached

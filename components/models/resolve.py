@@ -6,12 +6,15 @@
                                registered adapter version) is base + adapter merged into a
                                temporary folder (components/models/adapters.py)
     registered_version(spec)   (name, version) of models:/NAME@ALIAS or models:/NAME/VERSION
+    fetch_base(base_uri, sha)  a registered base, downloaded once into the cache of bases by hash
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +23,8 @@ from components.common.errors import EvaluationError
 from components.common.params import Params
 from components.models import adapters
 from components.models.modelio import is_model_dir
+
+log = logging.getLogger("grpoflow.resolve")
 
 MODEL_URI_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
 
@@ -31,6 +36,7 @@ class ResolvedModel:
     tokenizer_dir: str
     endpoint: str = ""  # base URL of an OpenAI-compatible server (then there is no local folder)
     adapter_dir: str = ""  # the LoRA adapter folder when `model_dir` is its merged copy
+    base_dir: str = ""  # ... and the base folder it was merged into
 
 
 def registered_version(spec: str, params: Params | None = None) -> tuple[str, str] | None:
@@ -62,6 +68,32 @@ def _find_dir(root: Path, test) -> Path | None:
     return None
 
 
+def fetch_base(base_uri: str, sha: str) -> Path:
+    """The registered base `base_uri` (models:/NAME/VERSION) in the local cache of bases, downloaded
+    once and checked against its weights hash `sha`; later calls use the cached copy."""
+    import mlflow
+
+    cached = adapters.cached_base(sha)
+    if is_model_dir(cached):
+        return cached
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{sha[:12]}.tmp-", dir=cached.parent))
+    try:
+        log.info("fetching base model %s into %s", base_uri, cached)
+        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=base_uri, dst_path=str(tmp)))
+        found = _find_dir(local, is_model_dir)
+        if found is None:
+            raise EvaluationError(f"base model {base_uri}: no model folder (config.json + *.safetensors) in its artifacts")
+        got = adapters.weights_sha256(found)
+        if got != sha:
+            raise EvaluationError(f"base model {base_uri}: its weights hash {got[:12]}… is not the recorded {sha[:12]}…")
+        if not cached.exists():  # another process may have cached it meanwhile
+            os.replace(found, cached)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return cached
+
+
 def _registered_adapter(spec: str, local: Path, adapter: Path, params: Params | None) -> ResolvedModel:
     """A registered adapter version: its base (tag lineage.base_model, fetched once into the cache of
     bases by weights hash) + the adapter, merged into a temporary folder."""
@@ -75,10 +107,10 @@ def _registered_adapter(spec: str, local: Path, adapter: Path, params: Params | 
     if not base_uri or not sha:
         raise EvaluationError(f"model {spec}: a LoRA adapter whose version names no base (tags "
                               f"{adapters.BASE_URI_TAG}, {adapters.BASE_SHA_TAG})")
-    base = adapters.fetch_base(base_uri, sha)
+    base = fetch_base(base_uri, sha)
     tok_dir = _find_dir(local, lambda p: (p / "tokenizer_config.json").is_file()) or base
     merged = adapters.merged_copy(adapter, base, tok_dir)
-    return ResolvedModel(spec, str(merged), str(merged), adapter_dir=str(adapter))
+    return ResolvedModel(spec, str(merged), str(merged), adapter_dir=str(adapter), base_dir=str(base))
 
 
 def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, params: Params | None = None) -> ResolvedModel:
@@ -119,8 +151,9 @@ def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, para
     path = Path(spec)
     if path.exists():
         if adapters.is_adapter_dir(path):  # base + adapter, merged for the readers (vLLM on CPU among them)
-            merged = adapters.merged_copy(path)
-            return ResolvedModel(spec, str(merged), str(merged), adapter_dir=str(path))
+            base = adapters.find_base(path)
+            merged = adapters.merged_copy(path, base)
+            return ResolvedModel(spec, str(merged), str(merged), adapter_dir=str(path), base_dir=str(base))
         if not is_model_dir(path):
             raise EvaluationError(
                 f"model folder {path} has neither config.json with *.safetensors weights nor a LoRA adapter "

@@ -243,16 +243,12 @@ def clear_checkpoints(ckpt_dir: str | os.PathLike) -> None:
 
 
 @contextlib.contextmanager
-def tracked(stage: str, params: Params, args: Any) -> Iterator[None]:
+def tracked(stage: str, params: Params, args: Any, datasets: dict[str, tuple[Path, str]]) -> Iterator[None]:
     """The stage's MLflow run (tracking.stage_run) on the main process; nothing on the others
     (under `accelerate launch` every process runs the stage, one of them logs)."""
     if args.process_index == 0:
-        from components.common.tracking import data_splits, stage_run
+        from components.common.tracking import stage_run
 
-        # GRPO trains on the selection stage's prompts, not on the demonstrations (train.jsonl).
-        datasets = data_splits(params, train="training")
-        if stage == "grpo":
-            datasets = {"selected_prompts": (Path(params.selection.output_file), "training")}
         with stage_run(stage, params, datasets=datasets):
             yield
     else:

@@ -34,6 +34,7 @@ def train_stage(
     dataset: Any,
     callbacks: list[Any],
     inputs: Iterable[str | PathLike],
+    datasets: dict[str, tuple[Path, str]],
     fingerprint: dict[str, Any],
     metrics: dict[str, int] | None = None,
     max_new_tokens: int = 256,
@@ -47,6 +48,7 @@ def train_stage(
     returns the model folder (`<stage>.output_dir`).
 
     `settings` is the stage's `trainer_settings(params)` (TRL config, LoRA config or None);
+    `datasets` ({name: (file, context)}) are the MLflow dataset inputs of the stage's run (what it trains on);
     `inputs` (the data file and the start model) and `fingerprint` (the stage's
     `fingerprint_settings(params)`) decide whether a checkpoint may be resumed; `metrics` are
     logged when the run opens and join the summary (SFT's demonstration counts);
@@ -63,7 +65,7 @@ def train_stage(
     fp = finetune.fingerprint(stage, fingerprint, inputs)
     checkpoint = finetune.prepare_checkpoints(args, cfg.checkpoint_dir, fp, cfg.resume, stage)
 
-    with finetune.tracked(stage, params, args):
+    with finetune.tracked(stage, params, args, datasets):
         if metrics and args.process_index == 0:
             import mlflow
 

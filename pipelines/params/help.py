@@ -141,8 +141,7 @@ HELP: dict[str, str] = {
     "sft.sample_size": (
         'Test problems answered greedily after training and logged to MLflow as a table of samples.'
     ),
-    "sft.use_lora": 'Train LoRA adapters (peft) instead of all weights; sft.output_dir holds the adapter over model.base_dir '
-                    '(readers merge it; `grpoflow export --merged` writes a full copy).',
+    "sft.use_lora": 'Train LoRA adapters (peft) instead of all weights; saves the adapter over model.base_dir.',
     "sft.lora": (
         'Keyword arguments of peft.LoraConfig, used when use_lora is true (task_type is set by the '
         'stage).'
@@ -247,8 +246,7 @@ HELP: dict[str, str] = {
         "Signal monitor: warn when the window's mean KL to the reference model is above this (policy "
         'drift).'
     ),
-    "grpo.use_lora": 'Train LoRA adapters (peft) instead of all weights; grpo.output_dir holds the adapter (continuing '
-                     "SFT's adapter over its base when SFT wrote one; grpo.lora then unused).",
+    "grpo.use_lora": "Train LoRA adapters (peft) instead of all weights; continues SFT's adapter if it wrote one.",
     "grpo.lora": (
         'Keyword arguments of peft.LoraConfig, used when use_lora is true (task_type is set by the '
         'stage).'
