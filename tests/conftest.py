@@ -35,12 +35,13 @@ if str(REPO) not in sys.path:
 
 @pytest.fixture(autouse=True)
 def isolated_state(tmp_path_factory, monkeypatch):
-    """Point MLflow, Prefect, DVC's site cache and HF caches at a per-test temp folder."""
+    """Point MLflow, Prefect, DVC's site cache, HF caches and grpoflow's base cache at a per-test temp folder."""
     state = tmp_path_factory.mktemp("state")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{state / 'mlflow.db'}")
     monkeypatch.setenv("PREFECT_HOME", str(state / "prefect"))
     monkeypatch.setenv("DVC_SITE_CACHE_DIR", str(state / "dvc-site-cache"))
     monkeypatch.setenv("HF_HOME", str(state / "hf"))
+    monkeypatch.setenv("GRPOFLOW_CACHE", str(state / "grpoflow-cache"))  # bases fetched from the registry
     monkeypatch.delenv("GRPOFLOW_PARENT_RUN_ID", raising=False)
     monkeypatch.delenv("GRPOFLOW_PARAMS", raising=False)
     _reset_mlflow_globals()

