@@ -76,6 +76,73 @@ def fingerprint_settings(params: Params) -> dict[str, Any]:
     }
 
 
+def trainer_class(params: Params):
+    """The stage's GRPOTrainer class for these params: _trainer_class, whose transformers rollouts
+    compute with the LoRA adapter folded into the base weights when `grpo.rollout_merge_lora` is on
+    (one matrix product per layer instead of three; adapters.merged_weights restores the exact base
+    weights after every generation, so the policy the loss sees is unchanged)."""
+    base = _trainer_class()
+    merge, per_sequence = params.grpo.rollout_merge_lora, params.grpo.logps_batching == "per_sequence"
+    if not (merge or per_sequence):
+        return base
+
+    class Trainer(base):
+        def _generate_single_turn(self, *args: Any, **kwargs: Any):
+            from components.models.adapters import merged_weights
+
+            if not merge or self.use_vllm:  # vLLM holds its own copy of the weights
+                return super()._generate_single_turn(*args, **kwargs)
+            with merged_weights(self.accelerator.unwrap_model(self.model)):
+                return super()._generate_single_turn(*args, **kwargs)
+
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+            if not per_sequence or args or any(v is not None for k, v in kwargs.items()
+                                               if k not in ("batch_size", "compute_entropy", "compute_aux_loss")):
+                return super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+            return unpadded_logps(super()._get_per_token_logps_and_entropies, model, input_ids, attention_mask,
+                                  logits_to_keep, **kwargs)
+
+    return Trainer
+
+
+def unpadded_logps(compute, model, input_ids, attention_mask, logits_to_keep: int, **kwargs: Any):
+    """TRL's per-token log-probs (and entropies) computed one sequence at a time on its own tokens: the
+    prompt's left padding and the completion's right padding cut off, results padded back to the batch's
+    `logits_to_keep` columns with zeros (those positions are masked out of the loss). On a CPU a padded
+    batch spends its time on padding; a sequence alone still fills the matrix units. Positions then
+    count from the first real token, as in generation.
+
+    >>> import torch
+    >>> def compute(model, ids, mask, keep, **kw):  # stand-in: "log-prob" = token id, entropy = position
+    ...     return ids[:, -keep:].float(), torch.arange(ids.size(1))[-keep:].float().expand(ids.size(0), -1), None
+    >>> ids = torch.tensor([[0, 5, 6, 7, 8, 0], [4, 5, 6, 7, 0, 0]])
+    >>> mask = torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]])
+    >>> logps, ent, _ = unpadded_logps(compute, None, ids, mask, 3, compute_entropy=True)
+    >>> logps.tolist(), ent.tolist()
+    ([[7.0, 8.0, 0.0], [7.0, 0.0, 0.0]], [[2.0, 3.0, 0.0], [3.0, 0.0, 0.0]])
+    """
+    import torch
+
+    width = input_ids.size(1)
+    kwargs = {k: v for k, v in kwargs.items() if k != "batch_size"}
+    logps, entropies, aux = [], [], []
+    for row in range(input_ids.size(0)):
+        real = attention_mask[row].nonzero().flatten()
+        first, last = (int(real[0]), int(real[-1]) + 1) if len(real) else (width - 1, width)
+        keep = max(logits_to_keep - (width - last), 1)  # completion columns this sequence really has
+        lp, ent, ax = compute(model, input_ids[row : row + 1, first:last], attention_mask[row : row + 1, first:last],
+                              keep, batch_size=1, **kwargs)
+        pad = logits_to_keep - lp.size(1)
+        logps.append(torch.nn.functional.pad(lp, (0, pad)))
+        if ent is not None:
+            entropies.append(torch.nn.functional.pad(ent, (0, pad)))
+        if ax is not None:
+            aux.append(ax)
+    return (torch.cat(logps), torch.cat(entropies) if entropies else None,
+            torch.stack(aux).mean() if aux else None)
+
+
 def _trainer_class():
     """GRPOTrainer that also logs its sampled completions to MLflow as a table.
 
@@ -137,7 +204,8 @@ def trainer_settings(params: Params) -> tuple[Any, Any]:
             "grpo.use_vllm: vLLM is not installed here; on a GPU machine install the `vllm` extra "
             "(pip install -e '.[vllm]'), or set grpo.use_vllm=false"
         )
-    args = finetune.build_trl_args(TRLGRPOConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir, **recipe(params))
+    args = finetune.build_trl_args(TRLGRPOConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir,
+                                   cpu_bf16=finetune.cpu_bf16(params.model.cpu_training_precision), **recipe(params))
     return args, finetune.lora_config(STAGE, cfg.lora) if cfg.use_lora else None
 
 
@@ -220,7 +288,7 @@ def run(params: Params) -> Path:
         return {**monitor.summary(), **(callbacks[1].summary() if dev else {})}
 
     return train_stage(
-        STAGE, params, _trainer_class(), settings, model=model, tokenizer=tokenizer, dataset=dataset,
+        STAGE, params, trainer_class(params), settings, model=model, tokenizer=tokenizer, dataset=dataset,
         callbacks=callbacks, inputs=[prompts, *inputs], datasets={"selected_prompts": (prompts, "training")},
         fingerprint=fingerprint_settings(params),
         max_new_tokens=max_new_tokens, reward_funcs=reward_funcs, history_required=HISTORY_REQUIRED,

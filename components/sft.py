@@ -119,7 +119,8 @@ def trainer_settings(params: Params) -> tuple[Any, Any]:
     from components.training import finetune
 
     cfg = params.sft
-    args = finetune.build_trl_args(TRLSFTConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir)
+    args = finetune.build_trl_args(TRLSFTConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir,
+                                   cpu_bf16=finetune.cpu_bf16(params.model.cpu_training_precision))
     return args, finetune.lora_config(STAGE, cfg.lora) if cfg.use_lora else None
 
 

@@ -68,6 +68,7 @@ class ModelParams:
     name_or_path: str = _f("tiny")
     trust_remote_code: bool = _f(False)
     dtype: str = _dtype()
+    cpu_training_precision: str = _f("float32", choices=["float32", "auto"])
     revision: str | None = _f(None)
     base_dir: str = _f("models/base", path="output_dir")
     tiny_hidden_size: int = _f(128, ge=16)
@@ -187,6 +188,8 @@ class GRPOParams:
     signal_flat_reward: float = _f(0.02, ge=0.0, fingerprint=False)
     signal_max_kl: float = _f(0.1, ge=0.0, fingerprint=False)
     use_lora: bool = _use_lora()
+    rollout_merge_lora: bool = _f(True)
+    logps_batching: str = _f("padded", choices=["padded", "per_sequence"])
     lora: dict[str, Any] = _lora()
     trainer: dict[str, Any] = _trainer(GRPO_TRAINER_DEFAULTS)
 

@@ -20,6 +20,8 @@ flavour, a copy in the registry) have the same identity.
     merge(adapter_dir, base_dir, out_dir)  base + adapter merged into a full model folder
     merged_copy(adapter_dir, base_dir)     a merged copy in a temporary folder (removed at exit)
     load_trainable(adapter_dir, base_dir)  base + adapter as a trainable PeftModel (GRPO continues SFT's)
+    merged_weights(peft_model)             context: the active adapters folded into the base weights (GRPO's
+                                           rollouts), the exact base weights restored on exit
 
 Readers that need plain weights (vLLM on CPU, `grpoflow serve`, the promotion gate) go through
 `resolve.resolve_model` (components/models/resolve.py), which merges an adapter into a temporary folder: the merged model is
@@ -224,3 +226,53 @@ def merged_copy(
         log.info("merging adapter %s into %s for this process", adapter_dir, base)
         _MERGED[key] = merge(adapter_dir, base, root / "model", tokenizer_dir)
     return _MERGED[key]
+
+
+class merged_weights:  # noqa: N801 (a context manager used as `with merged_weights(model):`)
+    """Inside the block, a PeftModel computes with its active adapters folded into the base weights
+    (W + scale * B @ A, one matrix product per layer instead of three): what GRPO's rollouts use.
+
+    The adapters are switched off meanwhile (their sum is in W), and on exit every base weight gets
+    back its exact bytes from a copy (subtracting the delta again would leave rounding error in the
+    frozen base, a little more at every step). A model that is not a PeftModel, or whose adapters
+    are merged already, is left as it is. Costs a copy of the adapted weights while inside."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.saved: list[tuple[Any, Any]] = []
+        self.disabled: Any = None
+
+    def __enter__(self) -> Any:
+        import torch
+        from peft import PeftModel
+        from peft.tuners.lora import LoraLayer
+
+        if not isinstance(self.model, PeftModel):
+            return self.model
+        layers = [m for m in self.model.modules() if isinstance(m, LoraLayer)]
+        if not layers or any(m.merged for m in layers):
+            return self.model
+        with torch.no_grad():
+            for layer in layers:
+                active = [a for a in layer.active_adapters if a in layer.lora_A]
+                if not active:
+                    continue
+                weight = layer.get_base_layer().weight
+                self.saved.append((weight, weight.detach().clone()))
+                for name in active:
+                    weight.add_(layer.get_delta_weight(name).to(weight.dtype))
+        self.disabled = self.model.disable_adapter()
+        self.disabled.__enter__()
+        return self.model
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        try:
+            if self.disabled is not None:
+                self.disabled.__exit__(*exc)
+        finally:
+            with torch.no_grad():
+                for weight, original in self.saved:
+                    weight.copy_(original)
+            self.saved, self.disabled = [], None

@@ -46,19 +46,32 @@ _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 # --------------------------------------------------------------------------- TRL arguments
 
 
-def device_defaults() -> dict[str, Any]:
+def device_defaults(cpu_bf16: bool = False) -> dict[str, Any]:
     """bf16 and gradient checkpointing only where they help: TRL turns both on by default, and on a
-    CPU both make a small model slower. Pinned memory only with an accelerator to pin it for (on a
+    CPU both make a small model slower. bf16 on a CPU only when asked (`cpu_bf16`: the
+    `model.cpu_training_precision: auto` of a CPU with native bf16, components/training/precision.py),
+    as autocast over float32 weights. Pinned memory only with an accelerator to pin it for (on a
     CPU, torch's DataLoader warns once per epoch that it has none)."""
     import torch
 
     gpu = torch.cuda.is_available()
-    return {
-        "bf16": bool(gpu and torch.cuda.is_bf16_supported()),
+    out = {
+        "bf16": bool(gpu and torch.cuda.is_bf16_supported()) or (not gpu and cpu_bf16),
         "activation_checkpointing": gpu,  # transformers 5's name for gradient_checkpointing
         "dataloader_pin_memory": gpu,
         "report_to": ["mlflow"],
     }
+    if not gpu and cpu_bf16:
+        out["use_cpu"] = True  # transformers accepts bf16 without a GPU only with use_cpu
+    return out
+
+
+def cpu_bf16(precision_param: str) -> bool:
+    """Whether a CPU run trains under bf16 autocast: `model.cpu_training_precision` is auto and the CPU
+    has native bf16 instructions (detected)."""
+    from components.training.precision import native_bf16
+
+    return precision_param == "auto" and native_bf16()
 
 
 # Warnings known to be harmless that no setting of ours avoids, each silenced by its exact message
@@ -112,9 +125,9 @@ def _coerce_trainer_values(config_cls: type, section: str, trainer: dict[str, An
     return out
 
 
-def build_trl_args(config_cls: type, section: str, trainer: dict[str, Any], **stage_set: Any):
+def build_trl_args(config_cls: type, section: str, trainer: dict[str, Any], cpu_bf16: bool = False, **stage_set: Any):
     """`config_cls(**defaults, **trainer, **stage_set)`; an unknown or bad key becomes a ConfigError
-    naming `<section>.trainer.<key>`."""
+    naming `<section>.trainer.<key>`. `cpu_bf16`: see device_defaults."""
     known = {f.name for f in dataclasses.fields(config_cls)}
     unknown = sorted(set(trainer) - known)
     if unknown:
@@ -122,7 +135,7 @@ def build_trl_args(config_cls: type, section: str, trainer: dict[str, Any], **st
             f"{section}.trainer.{unknown[0]}: not a field of trl.{config_cls.__name__} "
             f"(see `python -c 'import trl; help(trl.{config_cls.__name__})'`)"
         )
-    defaults = device_defaults()
+    defaults = device_defaults(cpu_bf16)
     if "gradient_checkpointing" in trainer:  # the deprecated alias, if given, must not be overridden
         defaults.pop("activation_checkpointing")
     kwargs = {**defaults, **_coerce_trainer_values(config_cls, section, trainer), **stage_set}

@@ -81,6 +81,7 @@ HELP: dict[str, str] = {
         "Weights dtype for training: 'auto' (bf16 on a GPU that supports it, else float32), "
         "'float32', 'bfloat16', 'float16'."
     ),
+    "model.cpu_training_precision": "CPU training: float32, or auto (bf16 autocast where the CPU has native bf16).",
     "model.revision": (
         'Hub revision (branch, tag or commit) of a Hugging Face model id; pin a commit to reproduce a'
         ' run.'
@@ -247,6 +248,8 @@ HELP: dict[str, str] = {
         'drift).'
     ),
     "grpo.use_lora": "Train LoRA adapters (peft) instead of all weights; continues SFT's adapter if it wrote one.",
+    "grpo.rollout_merge_lora": "With LoRA: transformers rollouts use the adapter folded into the base weights (exact restore).",
+    "grpo.logps_batching": "Log-prob passes over one padded batch, or per sequence without padding (CPU, real models).",
     "grpo.lora": (
         'Keyword arguments of peft.LoraConfig, used when use_lora is true (task_type is set by the '
         'stage).'

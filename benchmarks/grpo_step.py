@@ -1,0 +1,335 @@
+"""Where one GRPO step's seconds go, against this machine's arithmetic floor, measured in one run.
+
+Builds, in a fresh temporary folder, the data and base model of a preset (`python -m
+components.data` and `components.model`, what `dvc repro` runs), then trains the GRPO stage's own
+trainer (components/grpo.py: the same TRL config, LoRA, rewards, prompts and trainer class; no
+MLflow, no checkpoints) from the base model for `--warmup` + `--steps` steps and times the parts of
+each measured step:
+
+  generation                 the rollouts (TRL's `_generate`: every completion of the step)
+  reference_forward          log-probabilities under the frozen reference (and the old policy, when
+                             the step needs them) while the batch is scored
+  policy_forward_backward    the loss's forward and backward passes
+  optimizer                  the optimizer step (gradient clipping included)
+  other                      the rest of the step (rewards, advantages, padding, logging)
+
+In the same run it measures this machine's matrix-product rate (a 2048 x 2048 float32 product;
+bfloat16 too, on a 256 x 256 product first, because CPUs without native bf16 run it at a small
+fraction of float32) and turns the step's useful FLOPs into a floor: 2 N per token for a forward
+pass (prompt and completion tokens; N = the parameters of every linear layer, LoRA included, plus
+attention's 4 x layers x width x context), 2 N more per token for LoRA's backward pass (4 N for full
+fine-tuning), at the measured rate of the dtype the path computes in. Prints JSON:
+
+  step_seconds, parts{...}      mean seconds per measured step, and per part
+  tokens{prompt, completion}    mean tokens per step (real ones, no padding)
+  floor_seconds, floor_ratio    the step's FLOPs at the measured rate; step_seconds / floor_seconds
+  matmul_gflops{...}, threads, native_bf16, precision, settings
+
+With `--compare` it runs today's path and the new one side by side (the same prompts, seed and
+machine) and prints `{"before": {...}, "after": {...}, "speedup": before / after}`. The paths are
+PATHS below: params overrides, so that what is measured is what the stage runs.
+
+    python benchmarks/grpo_step.py --preset smollm2-135m-cpu
+    python benchmarks/grpo_step.py --preset smollm2-135m-cpu --compare --steps 3
+    python benchmarks/grpo_step.py --preset smollm2-135m-cpu -S grpo.trainer.max_completion_length=128
+
+Results: benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager, redirect_stdout
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "DO_NOT_TRACK": "true",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+# What --compare puts side by side: today's path (the settings before issue 31) and the new one (the preset).
+PATHS: dict[str, list[str]] = {  # overrides on top of the preset
+    "before": ["grpo.rollout_merge_lora=false", "grpo.logps_batching=padded", "model.cpu_training_precision=float32"],
+    "after": [],  # the preset as it is
+}
+PARTS = ("generation", "reference_forward", "policy_forward_backward", "optimizer", "other")
+
+
+def matmul_gflops(dtype_name: str, size: int = 2048, repeats: int = 3) -> float:
+    """GFLOP/s of a size x size matrix product in `dtype_name` at torch's thread count (best of `repeats`)."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def machine_rates() -> dict[str, float]:
+    """float32 on 2048^2; bfloat16 on 256^2 first and on 2048^2 only where that ran at over 10 GFLOP/s."""
+    rates = {"float32": matmul_gflops("float32")}
+    bf16 = matmul_gflops("bfloat16", size=256, repeats=2)
+    rates["bfloat16"] = matmul_gflops("bfloat16") if bf16 > 10 else bf16
+    return {k: round(v, 1) for k, v in rates.items()}
+
+
+def run_stage(workdir: Path, module: str, overrides: list[str], env: dict[str, str]) -> None:
+    cmd = [sys.executable, "-m", f"components.{module}", "--params", "params.yaml"]
+    for o in overrides:
+        cmd += ["-S", o]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-6000:])
+        raise SystemExit(f"grpo_step: stage {module} failed with exit code {proc.returncode}")
+    print(f"grpo_step: {module} took {time.monotonic() - start:.0f} s", file=sys.stderr)
+
+
+class StepClock:
+    """Seconds per part of each optimizer step, from wrappers around the trainer's methods and a callback."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, float]] = []
+        self.tokens: list[dict[str, int]] = []
+        self._cur: dict[str, float] = {}
+        self._tok: dict[str, int] = {}
+        self._scoring = False
+        self._step_start = self._opt_start = 0.0
+
+    def add(self, part: str, seconds: float) -> None:
+        self._cur[part] = self._cur.get(part, 0.0) + seconds
+
+    @contextmanager
+    def timed(self, part: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(part, time.perf_counter() - start)
+
+    def instrument(self, trainer: Any) -> None:
+        clock = self
+        generate, score = trainer._generate, trainer._generate_and_score_completions
+        logps, training_step = trainer._get_per_token_logps_and_entropies, trainer.training_step
+
+        def _generate(prompts):
+            with clock.timed("generation"):
+                out = generate(prompts)
+            prompt_ids, completion_ids = out[0], out[1]
+            clock._tok["prompt"] = clock._tok.get("prompt", 0) + sum(len(p) for p in prompt_ids)
+            clock._tok["completion"] = clock._tok.get("completion", 0) + sum(len(c) for c in completion_ids)
+            return out
+
+        def _score(batch):
+            clock._scoring = True
+            try:
+                with clock.timed("_scoring"):
+                    return score(batch)
+            finally:
+                clock._scoring = False
+
+        def _logps(*args, **kwargs):
+            if not clock._scoring:
+                return logps(*args, **kwargs)
+            with clock.timed("reference_forward"):
+                return logps(*args, **kwargs)
+
+        def _training_step(*args, **kwargs):
+            with clock.timed("_training_step"):
+                return training_step(*args, **kwargs)
+
+        trainer._generate, trainer._generate_and_score_completions = _generate, _score
+        trainer._get_per_token_logps_and_entropies, trainer.training_step = _logps, _training_step
+
+    def callback(self):
+        from transformers import TrainerCallback
+
+        clock = self
+
+        class Clock(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                clock._cur, clock._tok = {}, {}
+                clock._step_start = time.perf_counter()
+
+            def on_pre_optimizer_step(self, args, state, control, **kw):
+                clock._opt_start = time.perf_counter()
+
+            def on_optimizer_step(self, args, state, control, **kw):
+                clock.add("optimizer", time.perf_counter() - clock._opt_start)
+
+            def on_step_end(self, args, state, control, **kw):
+                c = clock._cur
+                total = time.perf_counter() - clock._step_start
+                scoring = c.get("_scoring", 0.0)
+                parts = {
+                    "generation": c.get("generation", 0.0),
+                    "reference_forward": c.get("reference_forward", 0.0),
+                    "policy_forward_backward": c.get("_training_step", 0.0) - scoring,
+                    "optimizer": c.get("optimizer", 0.0),
+                }
+                parts["other"] = total - sum(parts.values())
+                clock.steps.append({"step": total, **parts})
+                clock.tokens.append(dict(clock._tok))
+
+        return Clock()
+
+
+def step_flops(model: Any, tokens: dict[str, float], lora: bool, reference_passes: int) -> dict[str, float]:
+    """Useful FLOPs of one step's parts (see the module docstring)."""
+    import torch
+
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    cfg = model.config
+    layers, width = cfg.num_hidden_layers, cfg.num_attention_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
+    seqs = max(tokens.get("sequences", 1), 1)
+    per_seq = (tokens["prompt"] + tokens["completion"]) / seqs
+    attention = 4 * layers * width * per_seq / 2  # per token, at the mean causal context
+
+    def forward(n_tokens: float) -> float:
+        return n_tokens * (2 * linear + attention)
+
+    all_tokens = tokens["prompt"] + tokens["completion"]
+    return {
+        "generation": forward(all_tokens),
+        "reference_forward": reference_passes * forward(all_tokens),
+        "policy_forward_backward": forward(all_tokens) * (2 if lora else 3),
+        "linear_parameters": linear,
+    }
+
+
+def build_trainer(workdir: Path, overrides: list[str], steps: int, clock: StepClock):
+    """The GRPO stage's trainer from the base model, as components/grpo.py builds it (no MLflow, no checkpoints)."""
+    from datasets import Dataset
+
+    from components import grpo
+    from components.problems import gsm8k
+    from components.problems.sources import read_split
+    from components.training.rewards import build_rewards
+    from pipelines.params.config import load_params
+
+    os.chdir(workdir)
+    params = load_params("params.yaml", [*overrides, "grpo.init_dir=models/base"])
+    args, peft_config = grpo.trainer_settings(params)
+    for key, value in {"max_steps": steps, "report_to": [], "save_strategy": "no", "logging_steps": 1,
+                       "output_dir": str(workdir / "checkpoints"), "log_completions": False}.items():
+        setattr(args, key, value)
+    model, tokenizer, _base, _inputs, (args, peft_config) = grpo.start_model(params, (args, peft_config))
+    rows = read_split(Path(params.data.output_dir) / "grpo.jsonl")
+    dataset = Dataset.from_dict({"prompt": [gsm8k.render_prompt(r["question"], tokenizer) for r in rows],
+                                 "gold": [r["gold"] for r in rows]})
+    reward_funcs, _ = build_rewards(params.rewards)
+    trainer = grpo.trainer_class(params)(
+        model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
+        callbacks=[clock.callback()], reward_funcs=reward_funcs,
+    )
+    clock.instrument(trainer)
+    return trainer, params
+
+
+def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates: dict[str, float]) -> dict[str, Any]:
+    import torch
+
+    from components.training import precision
+
+    clock = StepClock()
+    trainer, params = build_trainer(workdir, overrides, warmup + steps, clock)
+    seqs = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
+    with redirect_stdout(sys.stderr):  # the trainer's log lines: stdout keeps the JSON only
+        trainer.train()
+    measured, tokens = clock.steps[warmup:], clock.tokens[warmup:]
+    mean = {k: statistics.fmean(s[k] for s in measured) for k in ("step", *PARTS)}
+    tok = {k: statistics.fmean(t.get(k, 0) for t in tokens) for k in ("prompt", "completion")}
+    lora = bool(params.grpo.use_lora)
+    reference_passes = (1 if params.grpo.beta else 0) + (1 if params.grpo.num_iterations > 1 else 0)
+    flops = step_flops(trainer.model, {**tok, "sequences": seqs}, lora, reference_passes)
+    dtype = "bfloat16" if trainer.args.bf16 else "float32"
+    rate = rates[dtype] * 1e9
+    floor = {k: flops[k] / rate for k in ("generation", "reference_forward", "policy_forward_backward")}
+    floor_seconds = sum(floor.values())
+    return {
+        "step_seconds": round(mean["step"], 2),
+        "parts": {k: round(mean[k], 2) for k in PARTS},
+        "tokens": {k: round(v, 1) for k, v in tok.items()},
+        "floor_seconds": round(floor_seconds, 2),
+        "floor_ratio": round(mean["step"] / floor_seconds, 2),
+        "floor_parts": {k: round(v, 2) for k, v in floor.items()},
+        "precision": dtype,
+        "threads": torch.get_num_threads(),
+        "native_bf16": precision.native_bf16(),
+        "steps_measured": len(measured),
+        "per_step": [{k: round(v, 2) for k, v in s.items()} for s in measured],
+        "linear_parameters": flops["linear_parameters"],
+        "overrides": overrides,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="smollm2-135m-cpu",
+                        help="a preset of presets/ (default smollm2-135m-cpu; '' = the embedded defaults)")
+    parser.add_argument("--steps", type=int, default=2, help="measured steps per path (default 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="steps run first and not measured (default 1)")
+    parser.add_argument("--compare", action="store_true", help="today's path and the new one in one run (PATHS)")
+    parser.add_argument("--path", choices=sorted(PATHS), default="after", help="the path without --compare (default after)")
+    parser.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE", help="a params override")
+    parser.add_argument("--keep", default=None, help="build the workspace in this (new) folder and keep it")
+    args = parser.parse_args(argv)
+
+    from pipelines import presets
+
+    base = [*(presets.overrides(args.preset) if args.preset else []), "data.synthetic_test_size=20", *args.set]
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="grpo-step-"))
+    root.mkdir(parents=True, exist_ok=True)
+    os.environ.update(OFFLINE_ENV)
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    cwd = os.getcwd()
+    try:
+        shutil.copy(REPO / "params.yaml", root / "params.yaml")
+        run_stage(root, "data", base, env)
+        run_stage(root, "model", base, env)
+        rates = machine_rates()
+        print(f"grpo_step: matmul GFLOP/s {rates}", file=sys.stderr)
+        names = ["before", "after"] if args.compare else [args.path]
+        results = {}
+        for name in names:
+            start = time.monotonic()
+            results[name] = {**measure(root, [*base, *PATHS[name]], args.warmup, args.steps, rates), "matmul_gflops": rates}
+            print(f"grpo_step: {name} took {time.monotonic() - start:.0f} s", file=sys.stderr)
+            os.chdir(cwd)
+        out: dict[str, Any] = {"preset": args.preset or "(embedded defaults)", **({"before": results["before"], "after": results["after"],
+                               "speedup": round(results["before"]["step_seconds"] / results["after"]["step_seconds"], 2)}
+                               if args.compare else results[args.path])}
+        out["load_average_1m"] = round(os.getloadavg()[0], 2)
+        print(json.dumps(out, indent=2))
+    finally:
+        os.chdir(cwd)
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

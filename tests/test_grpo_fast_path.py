@@ -1,0 +1,150 @@
+"""GRPO's CPU fast path (issue 31): rollouts with the LoRA adapter folded into the weights, log-prob
+passes per sequence without padding, bf16 autocast only where the CPU has native bf16, and
+benchmarks/grpo_step.py's JSON on the tiny model.
+
+- `adapters.merged_weights`: inside, a PEFT model computes what base + adapter computes; on exit the
+  base weights are bit-identical to before and the adapter computes again (no drift over steps).
+- `grpo.unpadded_logps` over TRL's own log-prob function: rows with no left padding give the padded
+  batch's log-probs; every row gives what it gives alone; padding columns are zero; gradients flow.
+- bf16 autocast on a CPU only with `model.cpu_training_precision: auto` and native bf16 (detected).
+- `benchmarks/grpo_step.py` prints the step's parts, tokens and floor; the parts add up to the step.
+
+    pytest -q tests/test_grpo_fast_path.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_lora_model(seed: int = 0):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                                init_lora_weights=False, task_type="CAUSAL_LM"))
+    return model.float()
+
+
+def test_merged_weights_computes_base_plus_adapter_and_restores_the_exact_base():
+    from components.models.adapters import merged_weights
+
+    model = tiny_lora_model()
+    model.eval()
+    ids = torch.randint(0, 97, (3, 11))
+    base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        with model.disable_adapter():
+            base_only = model(input_ids=ids).logits
+        with merged_weights(model):
+            merged = model(input_ids=ids).logits
+        after = model(input_ids=ids).logits
+    assert not torch.allclose(plain, base_only, atol=1e-3)  # the adapter matters
+    assert torch.allclose(merged, plain, atol=1e-5), (merged - plain).abs().max()
+    assert torch.equal(after, plain)
+    for name, param in model.named_parameters():
+        if "lora_" not in name:
+            assert torch.equal(param, base_before[name]), name  # bit-identical, not base + delta - delta
+
+
+def test_merged_weights_leaves_a_model_without_adapters_alone():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from components.models.adapters import merged_weights
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    with merged_weights(model) as inside:
+        assert inside is model
+
+
+def _trl_logps(model):
+    """TRL 1.16's own GRPOTrainer._get_per_token_logps_and_entropies, bound to the little it needs, over
+    `model` with the fused LM head the trainer adds at start."""
+    from accelerate import Accelerator
+    from trl import GRPOTrainer
+    from trl.trainer import add_fused_lm_head
+
+    add_fused_lm_head(model.get_base_model(), temperature=1.0, outputs=("log_probs", "entropy"))
+    return partial(GRPOTrainer._get_per_token_logps_and_entropies, SimpleNamespace(accelerator=Accelerator(cpu=True)))
+
+
+def test_unpadded_logps_match_the_padded_batch_where_positions_agree_and_each_row_alone():
+    from components.grpo import unpadded_logps
+
+    model = tiny_lora_model(1)
+    model.eval()
+    trl = _trl_logps(model)
+    prompt, completion = 6, 5
+    width = prompt + completion
+    ids = torch.randint(3, 97, (3, width))
+    mask = torch.ones(3, width, dtype=torch.long)
+    # row 0: full prompt, completion of 5 (no padding at all)
+    mask[1, prompt + 2 :] = 0  # full prompt, completion of 2 (right padding)
+    mask[2, :3] = 0  # prompt left-padded by 3, completion of 5
+    with torch.no_grad():
+        padded, _, _ = trl(model, ids, mask, completion)
+        unpadded, entropy, _ = unpadded_logps(trl, model, ids, mask, completion, compute_entropy=True)
+        alone, _, _ = trl(model, ids[2:3, 3:], mask[2:3, 3:], completion)
+    assert unpadded.shape == padded.shape == entropy.shape == (3, completion)
+    assert torch.allclose(unpadded[0], padded[0], atol=1e-5)
+    assert torch.allclose(unpadded[1, :2], padded[1, :2], atol=1e-5) and (unpadded[1, 2:] == 0).all()
+    assert torch.allclose(unpadded[2], alone[0], atol=1e-6)  # positions from the first real token
+    assert (entropy[1, 2:] == 0).all() and (entropy[:, :2] > 0).all()
+
+    model.train()
+    logps, _, _ = unpadded_logps(trl, model, ids, mask, completion)
+    (logps * mask[:, -completion:]).sum().backward()
+    grads = [p.grad for n, p in model.named_parameters() if "lora_" in n]
+    assert grads and all(g is not None for g in grads) and any(g.abs().sum() > 0 for g in grads)
+
+
+def test_bf16_autocast_on_a_cpu_only_where_asked_and_native(monkeypatch):
+    from trl import GRPOConfig
+
+    from components.training import finetune, precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert finetune.device_defaults()["bf16"] is False
+    assert finetune.device_defaults(cpu_bf16=True)["bf16"] is True
+    for native in (False, True):
+        monkeypatch.setattr(precision, "native_bf16", lambda native=native: native)
+        assert finetune.cpu_bf16("float32") is False
+        assert finetune.cpu_bf16("auto") is native
+    args = finetune.build_trl_args(GRPOConfig, "grpo", {"max_steps": 1}, cpu_bf16=True, output_dir="x",
+                                   per_device_train_batch_size=8, num_generations=8)
+    assert args.bf16 and not args.fp16  # TRL accepts bf16 autocast on a CPU
+    assert precision.cpu_flags("flags : fpu avx2 fma\n") == {"fpu", "avx2", "fma"}
+
+
+def test_grpo_step_benchmark_reports_the_parts_of_a_step(tmp_path):
+    """The benchmark on the tiny default (full fine-tuning), 1 measured step: its JSON adds up."""
+    small = ["data.synthetic_train_size=60", "data.synthetic_answer_only_size=40", "grpo.trainer.max_completion_length=16",
+             "grpo.trainer.per_device_train_batch_size=8", "grpo.num_generations=4"]
+    cmd = [sys.executable, str(REPO / "benchmarks/grpo_step.py"), "--preset", "", "--steps", "1", "--warmup", "1",
+           "--path", "before", *[a for s in small for a in ("-S", s)]]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout)
+    parts = out["parts"]
+    assert set(parts) == {"generation", "reference_forward", "policy_forward_backward", "optimizer", "other"}
+    assert parts["generation"] > 0 and parts["policy_forward_backward"] > 0 and parts["reference_forward"] > 0
+    assert abs(sum(parts.values()) - out["step_seconds"]) < 0.05
+    assert out["tokens"]["completion"] > 0 and out["floor_seconds"] > 0
+    assert out["floor_ratio"] == pytest.approx(out["step_seconds"] / out["floor_seconds"], rel=0.02)
+    assert out["matmul_gflops"]["float32"] > 0 and out["precision"] == "float32"
