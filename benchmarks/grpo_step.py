@@ -269,17 +269,17 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
     floor = {k: flops[k] / rate for k in ("generation", "reference_forward", "policy_forward_backward")}
     floor_seconds = sum(floor.values())
     return {
-        "step_seconds": round(mean["step"], 2),
-        "parts": {k: round(mean[k], 2) for k in PARTS},
+        "step_seconds": round(mean["step"], 4),
+        "parts": {k: round(mean[k], 4) for k in PARTS},
         "tokens": {k: round(v, 1) for k, v in tok.items()},
-        "floor_seconds": round(floor_seconds, 2),
-        "floor_ratio": round(mean["step"] / floor_seconds, 2),
-        "floor_parts": {k: round(v, 2) for k, v in floor.items()},
+        "floor_seconds": round(floor_seconds, 4),
+        "floor_ratio": round(mean["step"] / floor_seconds, 3),
+        "floor_parts": {k: round(v, 4) for k, v in floor.items()},
         "precision": dtype,
         "threads": torch.get_num_threads(),
         "native_bf16": precision.native_bf16(),
         "steps_measured": len(measured),
-        "per_step": [{k: round(v, 2) for k, v in s.items()} for s in measured],
+        "per_step": [{k: round(v, 4) for k, v in s.items()} for s in measured],
         "linear_parameters": flops["linear_parameters"],
         "overrides": overrides,
     }

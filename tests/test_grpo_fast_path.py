@@ -144,7 +144,7 @@ def test_grpo_step_benchmark_reports_the_parts_of_a_step(tmp_path):
     parts = out["parts"]
     assert set(parts) == {"generation", "reference_forward", "policy_forward_backward", "optimizer", "other"}
     assert parts["generation"] > 0 and parts["policy_forward_backward"] > 0 and parts["reference_forward"] > 0
-    assert abs(sum(parts.values()) - out["step_seconds"]) < 0.05
+    assert sum(parts.values()) == pytest.approx(out["step_seconds"], abs=1e-3)
     assert out["tokens"]["completion"] > 0 and out["floor_seconds"] > 0
-    assert out["floor_ratio"] == pytest.approx(out["step_seconds"] / out["floor_seconds"], rel=0.02)
+    assert out["floor_ratio"] == pytest.approx(out["step_seconds"] / out["floor_seconds"], rel=0.005)
     assert out["matmul_gflops"]["float32"] > 0 and out["precision"] == "float32"

@@ -183,6 +183,7 @@ RERUNS = {
     "components/models/resolve.py": {"selection", "evaluate"},  # the readers' model specs
     # one concern, one or two stages
     "components/training/finetune.py": {"sft", "grpo"},
+    "components/training/precision.py": {"sft", "grpo"},
     "components/training/stage_run.py": {"sft", "grpo"},
     "components/training/train_samples.py": {"sft", "grpo"},
     "components/training/dev_accuracy.py": {"sft", "grpo"},
