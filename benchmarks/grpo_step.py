@@ -55,15 +55,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "DO_NOT_TRACK": "true",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
+from benchmarks.grpo_gain import OFFLINE_ENV  # noqa: E402 (the same offline, telemetry-free environment)
+
 # What --compare puts side by side: today's path (the settings before issue 31) and the new one (the preset).
 PATHS: dict[str, list[str]] = {  # overrides on top of the preset
     "before": ["grpo.rollout_merge_lora=false", "grpo.logps_batching=padded", "model.cpu_training_precision=float32"],
