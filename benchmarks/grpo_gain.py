@@ -79,8 +79,10 @@ OFFLINE_ENV = {
 }
 
 
-def run_stage(workdir: Path, module: str, overrides: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Run one stage module in `workdir`; returns (wall seconds, CPU seconds)."""
+def run_stage(workdir: Path, module: str, overrides: list[str], env: dict[str, str],
+              label: str = "grpo_gain") -> tuple[float, float]:
+    """Run one stage module in `workdir`; returns (wall seconds, CPU seconds). `label` prefixes its
+    log lines (the benchmark that runs it)."""
     cmd = [sys.executable, "-m", f"components.{module}", "--params", "params.yaml"]
     for o in overrides:
         cmd += ["-S", o]
@@ -93,9 +95,9 @@ def run_stage(workdir: Path, module: str, overrides: list[str], env: dict[str, s
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-6000:])
-        raise SystemExit(f"grpo_gain: stage {module} failed with exit code {proc.returncode}")
+        raise SystemExit(f"{label}: stage {module} failed with exit code {proc.returncode}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    print(f"grpo_gain: {module} took {wall:.0f} s (CPU {cpu:.0f} s)", file=sys.stderr)
+    print(f"{label}: {module} took {wall:.0f} s (CPU {cpu:.0f} s)", file=sys.stderr)
     return wall, cpu
 
 

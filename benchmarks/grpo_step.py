@@ -43,7 +43,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.grpo_gain import OFFLINE_ENV  # noqa: E402 (the same offline, telemetry-free environment)
+from benchmarks.grpo_gain import OFFLINE_ENV, run_stage  # noqa: E402 (the same environment and stage runner)
 
 # What --compare puts side by side: today's path (the settings before issue 31) and the new one (the preset).
 PATHS: dict[str, list[str]] = {  # overrides on top of the preset
@@ -86,18 +85,6 @@ def machine_rates() -> dict[str, float]:
     bf16 = matmul_gflops("bfloat16", size=256, repeats=2)
     rates["bfloat16"] = matmul_gflops("bfloat16") if bf16 > 10 else bf16
     return {k: round(v, 1) for k, v in rates.items()}
-
-
-def run_stage(workdir: Path, module: str, overrides: list[str], env: dict[str, str]) -> None:
-    cmd = [sys.executable, "-m", f"components.{module}", "--params", "params.yaml"]
-    for o in overrides:
-        cmd += ["-S", o]
-    start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr[-6000:])
-        raise SystemExit(f"grpo_step: stage {module} failed with exit code {proc.returncode}")
-    print(f"grpo_step: {module} took {time.monotonic() - start:.0f} s", file=sys.stderr)
 
 
 class StepClock:
@@ -214,10 +201,7 @@ def step_flops(model: Any, tokens: dict[str, float], lora: bool, reference_passe
 
 def build_trainer(workdir: Path, overrides: list[str], steps: int, clock: StepClock):
     """The GRPO stage's trainer from the base model, as components/grpo.py builds it (no MLflow, no checkpoints)."""
-    from datasets import Dataset
-
     from components import grpo
-    from components.problems import gsm8k
     from components.problems.sources import read_split
     from components.training.rewards import build_rewards
     from pipelines.params.config import load_params
@@ -230,8 +214,7 @@ def build_trainer(workdir: Path, overrides: list[str], steps: int, clock: StepCl
         setattr(args, key, value)
     model, tokenizer, _base, _inputs, (args, peft_config) = grpo.start_model(params, (args, peft_config))
     rows = read_split(Path(params.data.output_dir) / "grpo.jsonl")
-    dataset = Dataset.from_dict({"prompt": [gsm8k.render_prompt(r["question"], tokenizer) for r in rows],
-                                 "gold": [r["gold"] for r in rows]})
+    dataset = grpo.prompt_dataset(rows, tokenizer)
     reward_funcs, _ = build_rewards(params.rewards)
     trainer = grpo.trainer_class(params)(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
@@ -301,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     cwd = os.getcwd()
     try:
         shutil.copy(REPO / "params.yaml", root / "params.yaml")
-        run_stage(root, "data", base, env)
-        run_stage(root, "model", base, env)
+        run_stage(root, "data", base, env, label="grpo_step")
+        run_stage(root, "model", base, env, label="grpo_step")
         rates = machine_rates()
         print(f"grpo_step: matmul GFLOP/s {rates}", file=sys.stderr)
         names = ["before", "after"] if args.compare else [args.path]

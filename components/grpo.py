@@ -80,7 +80,9 @@ def trainer_class(params: Params):
     """The stage's GRPOTrainer class for these params: _trainer_class, whose transformers rollouts
     compute with the LoRA adapter folded into the base weights when `grpo.rollout_merge_lora` is on
     (one matrix product per layer instead of three; adapters.merged_weights restores the exact base
-    weights after every generation, so the policy the loss sees is unchanged)."""
+    weights after every generation, so the policy the loss sees is unchanged), and whose log-prob
+    passes run per sequence without padding when `grpo.logps_batching` is per_sequence
+    (unpadded_logps; text-only batches, anything else goes to TRL's own pass)."""
     base = _trainer_class()
     merge, per_sequence = params.grpo.rollout_merge_lora, params.grpo.logps_batching == "per_sequence"
     if not (merge or per_sequence):
@@ -235,12 +237,19 @@ def start_model(params: Params, settings: tuple[Any, Any]) -> tuple[Any, Any, An
     return model, tokenizer, adapters.base_of(init), [init, base_dir], (settings[0], None)
 
 
-def run(params: Params) -> Path:
-    """Train and write the GRPO model folder; returns its path."""
+def prompt_dataset(rows: list[dict[str, Any]], tokenizer: Any) -> Any:
+    """GRPO's training dataset: each problem's rendered prompt and its `gold` answer (the rewards read it)."""
     from datasets import Dataset
 
-    from components.models import modelio
     from components.problems import gsm8k
+
+    return Dataset.from_dict({"prompt": [gsm8k.render_prompt(r["question"], tokenizer) for r in rows],
+                              "gold": [r["gold"] for r in rows]})
+
+
+def run(params: Params) -> Path:
+    """Train and write the GRPO model folder; returns its path."""
+    from components.models import modelio
     from components.problems.sources import read_split
     from components.training import signal_monitor
     from components.training.dev_accuracy import dev_callback
@@ -267,12 +276,7 @@ def run(params: Params) -> Path:
             raise ConfigError(f"grpo.dev_size={cfg.dev_size} holds out every selected prompt; lower it")
 
     model, tokenizer, base, inputs, settings = start_model(params, settings)
-    dataset = Dataset.from_dict(
-        {
-            "prompt": [gsm8k.render_prompt(r["question"], tokenizer) for r in rows],
-            "gold": [r["gold"] for r in rows],  # the rewards read this column
-        }
-    )
+    dataset = prompt_dataset(rows, tokenizer)
     monitor = signal_monitor.SignalMonitor(
         window=1,  # set from trainer.logging_steps when training starts
         zero_std=cfg.signal_zero_std,

@@ -55,15 +55,14 @@ def device_defaults(cpu_bf16: bool = False) -> dict[str, Any]:
     import torch
 
     gpu = torch.cuda.is_available()
-    out = {
-        "bf16": bool(gpu and torch.cuda.is_bf16_supported()) or (not gpu and cpu_bf16),
+    cpu_autocast = not gpu and cpu_bf16
+    return {
+        "bf16": bool(gpu and torch.cuda.is_bf16_supported()) or cpu_autocast,
         "activation_checkpointing": gpu,  # transformers 5's name for gradient_checkpointing
         "dataloader_pin_memory": gpu,
         "report_to": ["mlflow"],
+        **({"use_cpu": True} if cpu_autocast else {}),  # transformers accepts bf16 without a GPU only with use_cpu
     }
-    if not gpu and cpu_bf16:
-        out["use_cpu"] = True  # transformers accepts bf16 without a GPU only with use_cpu
-    return out
 
 
 def cpu_bf16(precision_param: str) -> bool:
