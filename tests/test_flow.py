@@ -221,7 +221,9 @@ def test_training_flow_end_to_end(toy):
 def test_nested_override_lands_nested_and_keeps_comments(tmp_path):
     """`-S sft.trainer.max_steps=10` once wrote a literal key `trainer.max_steps:` into params.yaml,
     which then failed to load (and so did every later command)."""
+    from components.common.params import GRPO_TRAINER_DEFAULTS
     from pipelines.params.config import load_params
+    from pipelines.params.overrides import yaml_float
 
     p = tmp_path / "params.yaml"
     p.write_text("sft:\n  trainer:\n    max_steps: 1500   # steps\n    seed: 0\ngrpo:\n  beta: 0.04  # kl\n")
@@ -233,8 +235,10 @@ def test_nested_override_lands_nested_and_keeps_comments(tmp_path):
     assert params.sft.trainer == {"max_steps": 10, "seed": 0}
     # Not in the file yet: the section's mapping starts from its defaults, as on the command line.
     # 5e-05 was once written as `5e-05`, which YAML 1.1 (PyYAML, DVC) reads back as a string
-    assert params.grpo.trainer["max_steps"] == 2 and params.grpo.trainer["learning_rate"] == 5.0e-5
-    assert "learning_rate: 5.0e-05" in p.read_text()
+    lr = GRPO_TRAINER_DEFAULTS["learning_rate"]
+    assert params.grpo.trainer["max_steps"] == 2 and params.grpo.trainer["learning_rate"] == lr
+    assert isinstance(params.grpo.trainer["learning_rate"], float)
+    assert f"learning_rate: {yaml_float(lr)}" in p.read_text()
     assert params.grpo.lora["r"] == 4 and params.grpo.lora["lora_alpha"] == 32
     assert params.grpo == load_params(None, ["grpo.beta=0.04", "grpo.trainer.max_steps=2", "grpo.lora.r=4"]).grpo
 

@@ -85,7 +85,7 @@ GRPO_LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", 
 # Defaults of the `trainer:` mappings, tuned for the tiny model on a 2-core CPU (params.yaml
 # repeats them with a comment each); any TRL SFTConfig / GRPOConfig field may be added.
 SFT_TRAINER_DEFAULTS: dict[str, Any] = {
-    "max_steps": 3000,
+    "max_steps": 6000,
     "per_device_train_batch_size": 16,
     "learning_rate": 3.0e-3,
     "lr_scheduler_type": "cosine",
@@ -98,9 +98,9 @@ SFT_TRAINER_DEFAULTS: dict[str, Any] = {
     "seed": 0,
 }
 GRPO_TRAINER_DEFAULTS: dict[str, Any] = {
-    "max_steps": 300,
+    "max_steps": 250,
     "per_device_train_batch_size": 32,
-    "learning_rate": 5.0e-5,
+    "learning_rate": 1.0e-4,
     "lr_scheduler_type": "constant",
     "max_completion_length": 128,
     "logging_steps": 10,
