@@ -54,6 +54,7 @@ def test_grpo_gain_reports_every_key(tmp_path, capsys):
     ):
         assert key in result, key
     assert result["k"] == 2 and result["sampled_items"] == 4 and result["n"] == 8
+    assert result["selection_backend"] == "none"  # read from the stage's own line: num_samples=0 samples nothing
     # the sampled figures are shares of the 4 sampled items (k=2 samples each), the control's of the 8 test items
     for key in ("sft_sampled_accuracy", "grpo_sampled_accuracy"):
         assert result[key] * 8 == round(result[key] * 8), key
