@@ -14,9 +14,9 @@ prompt) and compares them on the same items (exact McNemar test). Prints one JSO
   seed                                                     data.seed of the run
   sft_seconds, grpo_seconds, total_train_seconds           wall time of each stage process
   selection_seconds, selection_cpu_seconds                       the selection stage (GRPO's prompts by pass rate)
-  selection_backend                                        the engine that sampled them: vllm where the checkout
-                                                           has .venv-vllm (linked into the work folder, as
-                                                           `grpoflow run` samples), else transformers
+  selection_backend                                        the engine that sampled them (the stage's `auto`: vllm
+                                                           where evaluate.vllm_python resolves, as for
+                                                           `grpoflow run` in this checkout, else transformers)
   training_seconds                                         SFT + selection + GRPO wall seconds (the budget)
   sft_cpu_seconds, grpo_cpu_seconds                        CPU time (less sensitive to a busy machine)
   k, sampled_items                                         k samples per item at grpo.temperature (--k,
@@ -110,27 +110,13 @@ def run_stage(workdir: Path, module: str, overrides: list[str], env: dict[str, s
 
 
 CONTINUED = "sft_continued"  # the control's model folder and report names (models/, reports/train/)
-VLLM_ENV = ".venv-vllm"  # evaluate.vllm_python's default folder, relative to the checkout
-
-
-def link_vllm(workdir: Path, repo: Path = REPO) -> bool:
-    """Let the stages in `workdir` find the checkout's vLLM environment as they do in the checkout
-    (`evaluate.vllm_python` is relative): the selection stage's `backend: auto` then samples GRPO's
-    prompts with the engine `grpoflow run` uses. True when linked (or already there)."""
-    target, link = repo / VLLM_ENV, workdir / VLLM_ENV
-    if link.exists() or link.is_symlink():
-        return link.exists()
-    if not target.is_dir():
-        return False
-    link.symlink_to(target, target_is_directory=True)
-    return True
 
 
 def selection_backend(stage_stdout: str) -> str:
     """The engine that sampled GRPO's prompts, from the selection stage's last line
     ("selection: kept K of N prompts (...) -> FILE (S s, BACKEND)"); "unknown" without one."""
-    found = re.findall(r"^selection: kept .*\(([\d.]+) s, (\w+)\)$", stage_stdout, flags=re.M)
-    return found[-1][1] if found else "unknown"
+    found = re.findall(r"^selection: kept .*\([\d.]+ s, (\w+)\)$", stage_stdout, flags=re.M)
+    return found[-1] if found else "unknown"
 
 
 def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, continued: bool) -> dict:
@@ -321,7 +307,6 @@ def run_recipe(workdir: Path, overrides: list[str], args: argparse.Namespace) ->
     }
     env.pop("GRPOFLOW_PARENT_RUN_ID", None)
     os.environ.update({k: env[k] for k in (*OFFLINE_ENV, "MLFLOW_TRACKING_URI")})
-    link_vllm(workdir)
     run_stage(workdir, "data", overrides, env)
     run_stage(workdir, "model", overrides, env)
     sft_s, sft_cpu = run_stage(workdir, "sft", overrides, env)
