@@ -250,3 +250,27 @@ def test_the_rerun_claim_of_grpo_keys_follows_dvc_yaml():
     assert set(re.findall(r"`(grpo\.[\w.]+)`", claim)) == grpo_keys["selection"] | grpo_keys["evaluate"]
     assert grpo_keys["evaluate"] == {"grpo.temperature"} and "`evaluate` also reads `grpo.temperature`" in claim
     assert [s for s, e in stages.items() if "grpo" in e.get("params", [])] == ["grpo"]
+
+
+DEFAULT_IN_PROSE = re.compile(r"`([a-z_]+\.[a-z_][a-z_.]*)`\s*\((-?[\d.]+(?:e-?\d+)?)\)")
+
+
+def test_defaults_named_in_the_prose_are_the_defaults():
+    """"`section.key` (N)" in the prose states that key's default: it follows the code when a default
+    changes (docs/training.md once said 1200 candidates and 100 prompts against 800 and 50)."""
+    from pipelines.params.config import load_params
+
+    params = load_params(None, [])
+
+    def default(key: str):
+        value = params
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
+        return value
+
+    found = [(p.name, key, text) for p in PAGES for key, text in DEFAULT_IN_PROSE.findall(p.read_text())
+             if default(key) is not None]
+    assert len(found) >= 4
+    wrong = [f"{page}: `{key}` ({text}), default {default(key)}" for page, key, text in found
+             if float(text) != float(default(key))]
+    assert not wrong, wrong
