@@ -22,6 +22,7 @@ from components.training.rewards import (
     accuracy_reward,
     build_rewards,
     check_reward_names,
+    flexible_accuracy_reward,
     format_reward,
     get_reward_funcs,
     seed_combined_reward,
@@ -43,28 +44,29 @@ def chat(text):
     return [{"role": "assistant", "content": text}]
 
 
-# completion, format, soft_format, accuracy, seed_combined, tag_count   (gold 277)
+# completion, format, soft_format, accuracy, seed_combined, tag_count, flexible_accuracy   (gold 277)
 TABLE = [
-    (RIGHT, 1.0, 1.0, 1.0, 1.0, 1.0),
-    (WRONG, 1.0, 1.0, 0.0, 0.5, 1.0),
-    (format_target(CURTIS_REASONING, "$277.00"), 1.0, 1.0, 1.0, 1.0, 1.0),
-    (format_target(CURTIS_REASONING, "277 hens"), 1.0, 1.0, 1.0, 1.0, 1.0),
-    (format_target(CURTIS_REASONING, "277 or 305"), 1.0, 1.0, 0.0, 0.5, 1.0),
-    ("<reasoning>x</reasoning><answer>277</answer>", 1.0, 1.0, 1.0, 1.0, 1.0),
-    (PROSE_RIGHT, 0.0, 0.0, 0.0, 0.0, 0.0),
-    (SOFT, 0.0, 1.0, 0.0, 0.0, 0.25),  # only </reasoning> is well placed
-    (TAGS_ONLY_ANSWER, 0.0, 0.0, 0.0, 0.0, 0.5),
-    (UNCLOSED, 0.0, 0.0, 0.0, 0.0, 0.25),
-    (RIGHT + "\nextra", 0.0, 1.0, 0.0, 0.0, 0.75),
-    (RIGHT + RIGHT, 0.0, 1.0, 0.0, 0.0, 0.0),
-    ("<reasoning>x</reasoning><answer></answer>", 0.0, 1.0, 0.0, 0.0, 1.0),
-    ("", 0.0, 0.0, 0.0, 0.0, 0.0),
+    (RIGHT, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0),
+    (WRONG, 1.0, 1.0, 0.0, 0.5, 1.0, 0.0),
+    (format_target(CURTIS_REASONING, "$277.00"), 1.0, 1.0, 1.0, 1.0, 1.0, 1.0),
+    (format_target(CURTIS_REASONING, "277 hens"), 1.0, 1.0, 1.0, 1.0, 1.0, 1.0),
+    (format_target(CURTIS_REASONING, "277 or 305"), 1.0, 1.0, 0.0, 0.5, 1.0, 0.0),
+    ("<reasoning>x</reasoning><answer>277</answer>", 1.0, 1.0, 1.0, 1.0, 1.0, 1.0),
+    (PROSE_RIGHT, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0),  # the instruct model's way: no tags, the number last
+    (PROSE_RIGHT + " Next year he buys 5 more.", 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),  # a later number is the answer
+    (SOFT, 0.0, 1.0, 0.0, 0.0, 0.25, 1.0),  # only </reasoning> is well placed
+    (TAGS_ONLY_ANSWER, 0.0, 0.0, 0.0, 0.0, 0.5, 1.0),
+    (UNCLOSED, 0.0, 0.0, 0.0, 0.0, 0.25, 0.0),
+    (RIGHT + "\nextra", 0.0, 1.0, 0.0, 0.0, 0.75, 1.0),
+    (RIGHT + RIGHT, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0),
+    ("<reasoning>x</reasoning><answer></answer>", 0.0, 1.0, 0.0, 0.0, 1.0, 0.0),
+    ("", 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),
 ]
 
 
 @pytest.mark.parametrize("as_chat", [False, True], ids=["string", "chat"])
-@pytest.mark.parametrize("completion, fmt, soft, acc, combined, tags", TABLE)
-def test_reward_table(completion, fmt, soft, acc, combined, tags, as_chat):
+@pytest.mark.parametrize("completion, fmt, soft, acc, combined, tags, flex", TABLE)
+def test_reward_table(completion, fmt, soft, acc, combined, tags, flex, as_chat):
     c = [chat(completion) if as_chat else completion]
     gold = ["277"]
     assert format_reward(c, gold=gold) == [fmt]
@@ -72,6 +74,7 @@ def test_reward_table(completion, fmt, soft, acc, combined, tags, as_chat):
     assert accuracy_reward(c, gold=gold) == [acc]
     assert seed_combined_reward(c, gold=gold) == [combined]
     assert tag_count_reward(c, gold=gold) == [tags]
+    assert flexible_accuracy_reward(c, gold=gold) == [flex]
 
 
 def test_rewards_score_a_batch_row_by_row_with_its_own_gold():
@@ -88,6 +91,7 @@ def test_rewards_score_a_batch_row_by_row_with_its_own_gold():
 def test_missing_gold_gives_none_and_a_missing_column_is_a_clear_error():
     assert accuracy_reward([RIGHT, RIGHT], gold=[None, "277"]) == [None, 1.0]
     assert seed_combined_reward([RIGHT], gold=[None]) == [None]
+    assert flexible_accuracy_reward([PROSE_RIGHT, PROSE_RIGHT], gold=[None, "277"]) == [None, 1.0]
     with pytest.raises(KeyError, match="'gold' column"):
         accuracy_reward([RIGHT], answer=["#### 277"])
 
@@ -104,13 +108,15 @@ def test_chat_content_parts_and_odd_completion_objects():
 
 
 def test_registry_names_and_trl_visible_function_names():
-    assert list(REWARD_FUNCS) == ["format", "soft_format", "accuracy", "seed_combined", "tag_count"]
+    assert list(REWARD_FUNCS) == ["format", "soft_format", "accuracy", "seed_combined", "tag_count",
+                                  "flexible_accuracy"]
     assert [f.__name__ for f in get_reward_funcs(list(REWARD_FUNCS))] == [
         "format_reward",
         "soft_format_reward",
         "accuracy_reward",
         "seed_combined_reward",
         "tag_count_reward",
+        "flexible_accuracy_reward",
     ]
 
 

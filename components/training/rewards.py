@@ -10,6 +10,9 @@ None for a row whose gold is None (TRL then leaves that reward out for the row).
     soft_format    1.0 when a reasoning block is followed by an answer block anywhere, else 0.0
     accuracy       1.0 when the strict format's answer equals the gold number, else 0.0
                    (exactly what `evaluate` counts as correct in strict mode)
+    flexible_accuracy  1.0 when the last number in the completion equals the gold number, tags or
+                   not (what `evaluate` counts in flexible mode): a reward a model that never writes
+                   the tags can earn, e.g. an instruct model trained by GRPO without SFT
     seed_combined  1.0 format and answer right, 0.5 format right and answer wrong, 0.0 otherwise
     tag_count      0.25 per well-placed tag (each tag once, in order, nothing before the first
                    or after the last)
@@ -134,6 +137,22 @@ def accuracy_reward(completions: Sequence[Any], **kwargs: Any) -> list[float | N
     return out
 
 
+def flexible_accuracy_reward(completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
+    """1.0 when the last number in the completion equals the gold answer (`gold` column), tags
+    or not, else 0.0; None where the gold is None.
+
+    >>> flexible_accuracy_reward(["So he has 325 - 48 = 277 hens.", "277 hens, then 3 more", "<answer>277</answer>"],
+    ...                          gold="277")
+    [1.0, 0.0, 1.0]
+    """
+    golds = _golds(kwargs, len(completions))
+    out: list[float | None] = []
+    for c, g in zip(completions, golds, strict=True):
+        gold = _gold_text(g)
+        out.append(None if gold is None else float(gsm8k.is_correct(completion_text(c), gold, "flexible")))
+    return out
+
+
 def seed_combined_reward(completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
     """1.0 for the strict format with the right answer, 0.5 for the strict format with a
     wrong answer, 0.0 without the format; None where the gold is None.
@@ -198,6 +217,7 @@ REWARD_FUNCS: dict[str, RewardFunc] = {
     "accuracy": accuracy_reward,
     "seed_combined": seed_combined_reward,
     "tag_count": tag_count_reward,
+    "flexible_accuracy": flexible_accuracy_reward,
 }
 
 
