@@ -129,12 +129,7 @@ def accuracy_reward(completions: Sequence[Any], **kwargs: Any) -> list[float | N
     >>> accuracy_reward([done.format(277)], gold=[None])
     [None]
     """
-    golds = _golds(kwargs, len(completions))
-    out: list[float | None] = []
-    for c, g in zip(completions, golds, strict=True):
-        gold = _gold_text(g)
-        out.append(None if gold is None else float(gsm8k.is_correct(completion_text(c), gold, "strict")))
-    return out
+    return _correct(completions, kwargs, "strict")
 
 
 def flexible_accuracy_reward(completions: Sequence[Any], **kwargs: Any) -> list[float | None]:
@@ -145,11 +140,16 @@ def flexible_accuracy_reward(completions: Sequence[Any], **kwargs: Any) -> list[
     ...                          gold="277")
     [1.0, 0.0, 1.0]
     """
+    return _correct(completions, kwargs, "flexible")
+
+
+def _correct(completions: Sequence[Any], kwargs: dict[str, Any], mode: str) -> list[float | None]:
+    """1.0 / 0.0 per completion: its answer in `mode` equals its row's gold; None where the gold is None."""
     golds = _golds(kwargs, len(completions))
     out: list[float | None] = []
     for c, g in zip(completions, golds, strict=True):
         gold = _gold_text(g)
-        out.append(None if gold is None else float(gsm8k.is_correct(completion_text(c), gold, "flexible")))
+        out.append(None if gold is None else float(gsm8k.is_correct(completion_text(c), gold, mode)))
     return out
 
 
