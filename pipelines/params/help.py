@@ -261,9 +261,8 @@ HELP: dict[str, str] = {
     ),
     # rewards
     "rewards.funcs": (
-        'GRPO reward functions by registry name (format, soft_format, accuracy, seed_combined, '
-        "tag_count, flexible_accuracy; see components/training/rewards.py) or 'package.module:function' "
-        'for your own.'
+        'GRPO reward functions by registry name (format, soft_format, accuracy, seed_combined, tag_count, '
+        "flexible_accuracy; see components/training/rewards.py) or 'package.module:function' for your own."
     ),
     "rewards.weights": 'One weight per entry of funcs (GRPOConfig.reward_weights).',
     # evaluate
