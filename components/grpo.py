@@ -28,6 +28,7 @@ from the newest on re-run, atomic replacement of the model folder.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 from pathlib import Path
@@ -78,23 +79,19 @@ def fingerprint_settings(params: Params) -> dict[str, Any]:
 
 def trainer_class(params: Params):
     """The stage's GRPOTrainer class for these params: _trainer_class, whose transformers rollouts
-    compute with the LoRA adapter folded into the base weights when `grpo.rollout_merge_lora` is on
-    (one matrix product per layer instead of three; adapters.merged_weights restores the exact base
-    weights after every generation, so the policy the loss sees is unchanged), and whose log-prob
-    passes run per sequence without padding when `grpo.logps_batching` is per_sequence
-    (unpadded_logps; text-only batches, anything else goes to TRL's own pass)."""
+    run in rollout_context (the LoRA adapter folded into the base weights when
+    `grpo.rollout_merge_lora` is on; bf16 autocast on a CPU where training autocasts to bf16), and
+    whose log-prob passes run per sequence without padding when `grpo.logps_batching` is
+    per_sequence (unpadded_logps; text-only batches, anything else goes to TRL's own pass)."""
     base = _trainer_class()
     merge, per_sequence = params.grpo.rollout_merge_lora, params.grpo.logps_batching == "per_sequence"
-    if not (merge or per_sequence):
-        return base
 
     class Trainer(base):
         def _generate_single_turn(self, *args: Any, **kwargs: Any):
-            from components.models.adapters import merged_weights
-
-            if not merge or self.use_vllm:  # vLLM holds its own copy of the weights
+            if self.use_vllm:  # vLLM holds its own copy of the weights
                 return super()._generate_single_turn(*args, **kwargs)
-            with merged_weights(self.accelerator.unwrap_model(self.model)):
+            cpu_bf16 = bool(self.args.bf16) and self.accelerator.device.type == "cpu"
+            with rollout_context(self.accelerator.unwrap_model(self.model), merge, cpu_bf16):
                 return super()._generate_single_turn(*args, **kwargs)
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
@@ -106,6 +103,25 @@ def trainer_class(params: Params):
                                   logits_to_keep, **kwargs)
 
     return Trainer
+
+
+def rollout_context(model: Any, merge: bool, cpu_bf16: bool) -> contextlib.ExitStack:
+    """The context GRPO's transformers rollouts run in: the adapter folded into the base weights
+    (adapters.merged_weights, exact base weights restored on exit) when `merge`, and the weights
+    held in bf16 (precision.bf16_weights, exact float32 tensors back on exit) when `cpu_bf16`, i.e.
+    where training autocasts to bf16 (`model.cpu_training_precision: auto` on a CPU with native
+    bf16). TRL generates outside autocast, so without it a bf16 run decodes in float32, slower and
+    in another precision than the loss's forward pass (benchmarks/RESULTS.md)."""
+    from components.models.adapters import merged_weights
+    from components.training.precision import bf16_weights
+
+    stack = contextlib.ExitStack()
+    with stack:  # a failed enter unwinds what was entered before it
+        if merge:
+            stack.enter_context(merged_weights(model))
+        if cpu_bf16:
+            stack.enter_context(bf16_weights(model))
+        return stack.pop_all()
 
 
 def unpadded_logps(compute, model, input_ids, attention_mask, logits_to_keep: int, **kwargs: Any):

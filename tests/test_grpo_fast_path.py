@@ -148,3 +148,34 @@ def test_grpo_step_benchmark_reports_the_parts_of_a_step(tmp_path):
     assert out["tokens"]["completion"] > 0 and out["floor_seconds"] > 0
     assert out["floor_ratio"] == pytest.approx(out["step_seconds"] / out["floor_seconds"], rel=0.005)
     assert out["matmul_gflops"]["float32"] > 0 and out["precision"] == "float32"
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_rollouts_compute_in_bf16_on_a_cpu_only_where_training_does(merge):
+    """TRL generates outside autocast: without rollout_context a bf16 run decodes in float32, slower
+    and in another precision than its loss. Inside it, the projections compute in bf16 (merged or
+    not), and on exit the model computes in float32 again with its exact weights (the same tensors)."""
+    from components.grpo import rollout_context
+
+    model = tiny_lora_model(2)
+    model.eval()
+    ids = torch.randint(0, 97, (2, 7))
+    seen: list[torch.dtype] = []
+    proj = model.get_base_model().model.layers[0].self_attn.q_proj
+    proj.register_forward_hook(lambda mod, inp, out: seen.append(out.dtype))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    storage = {n: p.data_ptr() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        for cpu_bf16, expected in ((False, torch.float32), (True, torch.bfloat16)):
+            seen.clear()
+            with rollout_context(model, merge, cpu_bf16):
+                inside = model(input_ids=ids).logits
+            assert seen and set(seen) == {expected}, (cpu_bf16, seen)
+            tolerance = 0.1 if cpu_bf16 else 1e-5
+            assert torch.allclose(inside.float(), plain, atol=tolerance), (inside.float() - plain).abs().max()
+        seen.clear()
+        assert torch.equal(model(input_ids=ids).logits, plain) and set(seen) == {torch.float32}
+    for name, param in model.named_parameters():
+        assert torch.equal(param, before[name]) and param.dtype == torch.float32, name
+        assert param.data_ptr() == storage[name], name  # the optimizer's tensors, not copies

@@ -8,6 +8,8 @@ benchmarks/grpo_step.py measures both rates.
 
     native_bf16()                 True where the training stages autocast to bf16 on a CPU
     cpu_flags(cpuinfo_text)       the feature flags of /proc/cpuinfo's text
+    bf16_weights(model)           context: the model's float32 parameters held in bf16 (GRPO's
+                                  rollouts), the exact float32 tensors put back on exit
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import platform
 import subprocess
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 X86_BF16 = ("avx512_bf16", "amx_bf16")
 ARM_BF16 = ("bf16",)
@@ -51,3 +54,31 @@ def native_bf16() -> bool:
         except OSError:
             return False
     return False
+
+
+class bf16_weights:  # noqa: N801 (a context manager used as `with bf16_weights(model):`)
+    """Inside the block, the model's float32 parameters are bf16 copies; on exit every parameter gets
+    its own float32 tensor back (the same object, so bit-identical, and the optimizer's references
+    hold). What GRPO's CPU rollouts decode with where training autocasts to bf16: autocast alone
+    re-casts a frozen weight at every decode step (its cast cache keeps only weights that require
+    grad), which made SmolLM2's rollouts slower than float32 (benchmarks/RESULTS.md). Costs the bf16
+    copy, half the float32 weights, while inside."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.saved: list[tuple[Any, Any]] = []
+
+    def __enter__(self) -> Any:
+        import torch
+
+        with torch.no_grad():
+            for param in self.model.parameters():
+                if param.dtype == torch.float32:
+                    self.saved.append((param, param.data))
+                    param.data = param.data.to(torch.bfloat16)
+        return self.model
+
+    def __exit__(self, *exc: Any) -> None:
+        for param, data in self.saved:
+            param.data = data
+        self.saved.clear()

@@ -81,7 +81,7 @@ HELP: dict[str, str] = {
         "Weights dtype for training: 'auto' (bf16 on a GPU that supports it, else float32), "
         "'float32', 'bfloat16', 'float16'."
     ),
-    "model.cpu_training_precision": "CPU training: float32, or auto (bf16 autocast where the CPU has native bf16).",
+    "model.cpu_training_precision": "CPU training and GRPO rollouts: float32, or auto (bf16 autocast where the CPU has native bf16).",
     "model.revision": (
         'Hub revision (branch, tag or commit) of a Hugging Face model id; pin a commit to reproduce a'
         ' run.'
