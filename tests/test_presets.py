@@ -17,7 +17,7 @@ import yaml
 
 from components import grpo, sft
 from components.evaluation import scoring
-from components.training import finetune
+from components.training import finetune, precision
 from pipelines import presets
 from pipelines.params.config import ConfigError, load_params, write_overrides
 
@@ -59,7 +59,8 @@ def test_cpu_preset_builds_the_real_model_settings():
     sft_args, grpo_args, sft_lora, grpo_lora = trl_configs(params, gpu_preset=False)
     assert params.model.name_or_path == "smollm2-135m-instruct"
     assert set(sft_lora.target_modules) == set(grpo_lora.target_modules) == PROJECTIONS
-    assert not sft_args.bf16 and not grpo_args.bf16  # CPU
+    # CPU: bf16 autocast exactly where this CPU has native bf16 (cpu_training_precision: auto), float32 elsewhere
+    assert sft_args.bf16 == grpo_args.bf16 == precision.native_bf16()
     assert grpo_args.num_generations == 4 and grpo_args.generation_batch_size % 4 == 0
     settings = scoring.settings_from(params)
     assert settings.dtype == "float32" and settings.max_new_tokens >= 256
