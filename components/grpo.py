@@ -80,7 +80,7 @@ def fingerprint_settings(params: Params) -> dict[str, Any]:
 def trainer_class(params: Params):
     """The stage's GRPOTrainer class for these params: _trainer_class, whose transformers rollouts
     run in rollout_context (the LoRA adapter folded into the base weights when
-    `grpo.rollout_merge_lora` is on; bf16 autocast on a CPU where training autocasts to bf16), and
+    `grpo.rollout_merge_lora` is on; bf16 weights on a CPU where training autocasts to bf16), and
     whose log-prob passes run per sequence without padding when `grpo.logps_batching` is
     per_sequence (unpadded_logps; text-only batches, anything else goes to TRL's own pass)."""
     base = _trainer_class()
