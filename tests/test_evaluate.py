@@ -487,6 +487,21 @@ def test_vllm_processes_do_not_print_the_known_harmless_reduce_op_warning():
     assert "reduce_op` is deprecated" in stderr(worker_env({**plain, "PYTHONWARNINGS": "always"}))
 
 
+def test_the_console_shows_vllm_warnings_that_ask_something_and_not_the_known_harmless_ones():
+    """What the vLLM worker prints reaches the console only where it asks something of the user: each engine
+    start on a CPU with avx512_bf16 resets the SSM cache dtype of every model, Mamba or not (CI's machine
+    printed it); a warning about the user's own input still shows, errors always."""
+    from components.evaluation.vllm_backend import on_console
+
+    reset = ("(MainProcess pid=17241) WARNING 12-04 02:41:41 [cpu.py:317] Reset SSM cache type to float32 for "
+             "accelerated GDN mamba backend 'none'.")
+    assert not on_console(reset)
+    assert not on_console("(EngineCore pid=5761) INFO 12-02 16:54:41 [core.py:133] Initializing a V1 LLM engine")
+    assert on_console("(EngineCore pid=5761) WARNING 12-02 16:55:02 [scheduler.py:9] the prompt is longer than max_model_len")
+    assert on_console("(EngineCore pid=5761) ERROR 12-02 16:55:02 [core.py:9] Reset SSM cache type failed")
+    assert on_console("Processed prompts: 100%|##########| 2/2 [00:00<00:00, 19.53it/s]")
+
+
 def test_target_band_slices_reports_comparison_plot_data_and_mlflow(workspace):
     """evaluate.target_band: every report says how each model did per step count, on the band and on
     the others, and the pairs are compared on the same slices."""

@@ -114,6 +114,7 @@ HARMLESS = (
     "Triton is installed, but doesn't include CPU backend",
     "is not found in LD_PRELOAD",  # a speed hint (tcmalloc, libiomp)
     "Warning: NUMA binding:",  # torch's note on the CPU worker's memory policy
+    "Reset SSM cache type to float32 for accelerated GDN",  # any model on a CPU with avx512_bf16: vLLM's own default
     "[shutdown] Process manager: force killing remaining process",  # the engine's exit, results written
     "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",  # the same exit, seen from the client
 )
