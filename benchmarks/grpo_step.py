@@ -18,12 +18,21 @@ bfloat16 too, on a 256 x 256 product first, because CPUs without native bf16 run
 fraction of float32) and turns the step's useful FLOPs into a floor: 2 N per token for a forward
 pass (prompt and completion tokens; N = the parameters of every linear layer, LoRA included, plus
 attention's 4 x layers x width x context), 2 N more per token for LoRA's backward pass (4 N for full
-fine-tuning), at the measured rate of the dtype the path computes in. Prints JSON:
+fine-tuning), at the measured rate of the dtype the path computes in.
+
+Decoding a few sequences is bound by reading the weights, not by arithmetic: each decode step reads
+every linear layer's weights (and the KV cache) once for a handful of tokens. The run also measures
+this machine's memory read rate (a sum over 1 GiB) and reports a roofline floor beside the FLOP
+floor: generation at the larger of its FLOP time and its read time (decode steps x (weight bytes in
+the rollouts' dtype + KV-cache bytes at the mean context)). Prints JSON:
 
   step_seconds, parts{...}      mean seconds per measured step, and per part
-  tokens{prompt, completion}    mean tokens per step (real ones, no padding)
+  tokens{prompt, completion, decode_steps}
+                                mean tokens per step (real ones, no padding); sequential decode steps
   floor_seconds, floor_ratio    the step's FLOPs at the measured rate; step_seconds / floor_seconds
-  matmul_gflops{...}, threads, native_bf16, precision, settings
+  roofline_seconds, roofline_ratio
+                                the same with generation's weight and KV-cache reads at the read rate
+  matmul_gflops{...}, read_gbps, threads, native_bf16, precision, settings
 
 With `--compare` it runs today's path and the new one side by side (the same prompts, seed and
 machine) and prints `{"before": {...}, "after": {...}, "speedup": before / after}`. The paths are
@@ -79,6 +88,20 @@ def matmul_gflops(dtype_name: str, size: int = 2048, repeats: int = 3) -> float:
     return 2 * size**3 / best / 1e9
 
 
+def read_gbps(gib: float = 1.0, repeats: int = 3) -> float:
+    """GB/s of reading a `gib` GiB float32 tensor once (a sum) at torch's thread count (best of `repeats`)."""
+    import torch
+
+    x = torch.ones(int(gib * (1 << 30)) // 4)
+    x.sum()  # warm-up: pages touched
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best / 1e9
+
+
 def machine_rates() -> dict[str, float]:
     """float32 on 2048^2; bfloat16 on 256^2 first and on 2048^2 only where that ran at over 10 GFLOP/s."""
     rates = {"float32": matmul_gflops("float32")}
@@ -120,6 +143,8 @@ class StepClock:
             prompt_ids, completion_ids = out[0], out[1]
             clock._tok["prompt"] = clock._tok.get("prompt", 0) + sum(len(p) for p in prompt_ids)
             clock._tok["completion"] = clock._tok.get("completion", 0) + sum(len(c) for c in completion_ids)
+            # one generate call decodes its longest completion's length in sequential forward passes
+            clock._tok["decode_steps"] = clock._tok.get("decode_steps", 0) + max((len(c) for c in completion_ids), default=0)
             return out
 
         def _score(batch):
@@ -199,6 +224,21 @@ def step_flops(model: Any, tokens: dict[str, float], lora: bool, reference_passe
     }
 
 
+def decode_read_bytes(model: Any, tokens: dict[str, float], weight_bytes: int) -> float:
+    """Bytes one step's rollouts read: per sequential decode step every linear weight once (at
+    `weight_bytes` each) and the KV cache of every sequence at its mean context."""
+    import torch
+
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_per_token = 2 * cfg.num_hidden_layers * getattr(cfg, "num_key_value_heads", heads) * head_dim * weight_bytes
+    seqs = max(tokens.get("sequences", 1), 1)
+    context = (tokens["prompt"] + tokens["completion"] / 2) / seqs
+    return tokens.get("decode_steps", 0) * (linear * weight_bytes + seqs * context * kv_per_token)
+
+
 def build_trainer(workdir: Path, overrides: list[str], steps: int, clock: StepClock):
     """The GRPO stage's trainer from the base model, as components/grpo.py builds it (no MLflow, no checkpoints)."""
     from components import grpo
@@ -224,7 +264,7 @@ def build_trainer(workdir: Path, overrides: list[str], steps: int, clock: StepCl
     return trainer, params
 
 
-def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates: dict[str, float]) -> dict[str, Any]:
+def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates: dict[str, float], read_rate: float) -> dict[str, Any]:
     import torch
 
     from components.training import precision
@@ -236,7 +276,7 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
         trainer.train()
     measured, tokens = clock.steps[warmup:], clock.tokens[warmup:]
     mean = {k: statistics.fmean(s[k] for s in measured) for k in ("step", *PARTS)}
-    tok = {k: statistics.fmean(t.get(k, 0) for t in tokens) for k in ("prompt", "completion")}
+    tok = {k: statistics.fmean(t.get(k, 0) for t in tokens) for k in ("prompt", "completion", "decode_steps")}
     lora = bool(params.grpo.use_lora)
     reference_passes = (1 if params.grpo.beta else 0) + (1 if params.grpo.num_iterations > 1 else 0)
     flops = step_flops(trainer.model, {**tok, "sequences": seqs}, lora, reference_passes)
@@ -244,6 +284,12 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
     rate = rates[dtype] * 1e9
     floor = {k: flops[k] / rate for k in ("generation", "reference_forward", "policy_forward_backward")}
     floor_seconds = sum(floor.values())
+    # the rollouts read weights in the dtype they decode in: bf16 where training autocasts on a CPU
+    # (components/grpo.py rollout_context), else the model's own
+    rollout_bytes = 2 if trainer.args.bf16 else next(trainer.model.parameters()).element_size()
+    reads = decode_read_bytes(trainer.model, {**tok, "sequences": seqs}, rollout_bytes) / (read_rate * 1e9)
+    roofline = {**floor, "generation": max(floor["generation"], reads)}
+    roofline_seconds = sum(roofline.values())
     return {
         "step_seconds": round(mean["step"], 4),
         "parts": {k: round(mean[k], 4) for k in PARTS},
@@ -251,6 +297,9 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
         "floor_seconds": round(floor_seconds, 4),
         "floor_ratio": round(mean["step"] / floor_seconds, 3),
         "floor_parts": {k: round(v, 4) for k, v in floor.items()},
+        "roofline_seconds": round(roofline_seconds, 4),
+        "roofline_ratio": round(mean["step"] / roofline_seconds, 3),
+        "generation_read_seconds": round(reads, 4),
         "precision": dtype,
         "threads": torch.get_num_threads(),
         "native_bf16": precision.native_bf16(),
@@ -286,13 +335,14 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(REPO / "params.yaml", root / "params.yaml")
         run_stage(root, "data", base, env, label="grpo_step")
         run_stage(root, "model", base, env, label="grpo_step")
-        rates = machine_rates()
-        print(f"grpo_step: matmul GFLOP/s {rates}", file=sys.stderr)
+        rates, read_rate = machine_rates(), round(read_gbps(), 1)
+        print(f"grpo_step: matmul GFLOP/s {rates}, memory read {read_rate} GB/s", file=sys.stderr)
         names = ["before", "after"] if args.compare else [args.path]
         results = {}
         for name in names:
             start = time.monotonic()
-            results[name] = {**measure(root, [*base, *PATHS[name]], args.warmup, args.steps, rates), "matmul_gflops": rates}
+            results[name] = {**measure(root, [*base, *PATHS[name]], args.warmup, args.steps, rates, read_rate),
+                             "matmul_gflops": rates, "read_gbps": read_rate}
             print(f"grpo_step: {name} took {time.monotonic() - start:.0f} s", file=sys.stderr)
             os.chdir(cwd)
         out: dict[str, Any] = {"preset": args.preset or "(embedded defaults)", **({"before": results["before"], "after": results["after"],

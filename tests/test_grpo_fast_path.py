@@ -148,6 +148,12 @@ def test_grpo_step_benchmark_reports_the_parts_of_a_step(tmp_path):
     assert out["tokens"]["completion"] > 0 and out["floor_seconds"] > 0
     assert out["floor_ratio"] == pytest.approx(out["step_seconds"] / out["floor_seconds"], rel=0.005)
     assert out["matmul_gflops"]["float32"] > 0 and out["precision"] == "float32"
+    # the roofline: generation at the larger of its FLOP time and its weight/KV reads at the read rate
+    assert out["read_gbps"] > 0 and 0 < out["tokens"]["decode_steps"] <= 16  # max_completion_length
+    assert out["generation_read_seconds"] > 0
+    gen = max(out["floor_parts"]["generation"], out["generation_read_seconds"])
+    assert out["roofline_seconds"] == pytest.approx(out["floor_seconds"] - out["floor_parts"]["generation"] + gen, abs=2e-4)
+    assert out["roofline_ratio"] == pytest.approx(out["step_seconds"] / out["roofline_seconds"], rel=0.005)
 
 
 @pytest.mark.parametrize("merge", [False, True])
