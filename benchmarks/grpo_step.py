@@ -73,19 +73,24 @@ PATHS: dict[str, list[str]] = {  # overrides on top of the preset
 PARTS = ("generation", "reference_forward", "policy_forward_backward", "optimizer", "other")
 
 
+def best_seconds(work, repeats: int) -> float:
+    """The fastest of `repeats` timed calls of `work`, after one untimed warm-up call."""
+    work()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        work()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def matmul_gflops(dtype_name: str, size: int = 2048, repeats: int = 3) -> float:
     """GFLOP/s of a size x size matrix product in `dtype_name` at torch's thread count (best of `repeats`)."""
     import torch
 
     dtype = getattr(torch, dtype_name)
     a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
-    a @ b  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
+    return 2 * size**3 / best_seconds(lambda: a @ b, repeats) / 1e9
 
 
 def read_gbps(gib: float = 1.0, repeats: int = 3) -> float:
@@ -93,13 +98,7 @@ def read_gbps(gib: float = 1.0, repeats: int = 3) -> float:
     import torch
 
     x = torch.ones(int(gib * (1 << 30)) // 4)
-    x.sum()  # warm-up: pages touched
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - start)
-    return x.numel() * 4 / best / 1e9
+    return x.numel() * 4 / best_seconds(x.sum, repeats) / 1e9
 
 
 def machine_rates() -> dict[str, float]:
@@ -224,12 +223,10 @@ def step_flops(model: Any, tokens: dict[str, float], lora: bool, reference_passe
     }
 
 
-def decode_read_bytes(model: Any, tokens: dict[str, float], weight_bytes: int) -> float:
-    """Bytes one step's rollouts read: per sequential decode step every linear weight once (at
-    `weight_bytes` each) and the KV cache of every sequence at its mean context."""
-    import torch
-
-    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+def decode_read_bytes(model: Any, tokens: dict[str, float], linear: int, weight_bytes: int) -> float:
+    """Bytes one step's rollouts read: per sequential decode step every one of the `linear` weights
+    (step_flops' linear_parameters) once at `weight_bytes` each, and the KV cache of every sequence at
+    its mean context."""
     cfg = model.config
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -287,7 +284,7 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
     # the rollouts read weights in the dtype they decode in: bf16 where training autocasts on a CPU
     # (components/grpo.py rollout_context), else the model's own
     rollout_bytes = 2 if trainer.args.bf16 else next(trainer.model.parameters()).element_size()
-    reads = decode_read_bytes(trainer.model, {**tok, "sequences": seqs}, rollout_bytes) / (read_rate * 1e9)
+    reads = decode_read_bytes(trainer.model, {**tok, "sequences": seqs}, flops["linear_parameters"], rollout_bytes) / (read_rate * 1e9)
     roofline = {**floor, "generation": max(floor["generation"], reads)}
     roofline_seconds = sum(roofline.values())
     return {
