@@ -73,6 +73,11 @@ PATHS: dict[str, list[str]] = {  # overrides on top of the preset
 PARTS = ("generation", "reference_forward", "policy_forward_backward", "optimizer", "other")
 
 
+def figure(seconds: float) -> float:
+    """Four significant figures: a tiny model's floor of a few milliseconds keeps its digits."""
+    return float(f"{seconds:.4g}")
+
+
 def best_seconds(work, repeats: int) -> float:
     """The fastest of `repeats` timed calls of `work`, after one untimed warm-up call."""
     work()
@@ -291,12 +296,12 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
         "step_seconds": round(mean["step"], 4),
         "parts": {k: round(mean[k], 4) for k in PARTS},
         "tokens": {k: round(v, 1) for k, v in tok.items()},
-        "floor_seconds": round(floor_seconds, 4),
+        "floor_seconds": figure(floor_seconds),
         "floor_ratio": round(mean["step"] / floor_seconds, 3),
-        "floor_parts": {k: round(v, 4) for k, v in floor.items()},
-        "roofline_seconds": round(roofline_seconds, 4),
+        "floor_parts": {k: figure(v) for k, v in floor.items()},
+        "roofline_seconds": figure(roofline_seconds),
         "roofline_ratio": round(mean["step"] / roofline_seconds, 3),
-        "generation_read_seconds": round(reads, 4),
+        "generation_read_seconds": figure(reads),
         "precision": dtype,
         "threads": torch.get_num_threads(),
         "native_bf16": precision.native_bf16(),
