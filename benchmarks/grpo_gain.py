@@ -39,6 +39,9 @@ Per band (`evaluate.target_band`, components/problems/bands.py), greedy flexible
               p_value (exact McNemar, GRPO - SFT), delta_vs_control, p_vs_control (GRPO - control)
   in_band     the same numbers for every problem outside the target band, together
   bands       the same numbers per number of reasoning steps
+  checked     inside each of them: the same numbers (`*_accuracy_checked`, delta, ci95, p_value, ...) on
+              the right answers whose shown equations all hold (components/problems/arithmetic.py): a
+              gain made of lucky answers after wrong arithmetic rises in flexible accuracy, not here
 
 With `--seeds 1234,2024,7` the whole recipe runs once per data seed (each its own test split) and
 the JSON is `{"seeds": [one object as above per seed], "pooled": {target, in_band, bands, and
@@ -53,6 +56,7 @@ while pass@k falls is GRPO sharpening onto its modes. Every run so far: benchmar
     python benchmarks/grpo_gain.py                     # the claim: defaults, no network
     python benchmarks/grpo_gain.py -S grpo.trainer.max_steps=50 --keep /tmp/gain --k 0 --no-control
     python benchmarks/grpo_gain.py --seeds 1234,2024,7   # the claim across data seeds, pooled
+    python benchmarks/grpo_gain.py --rescore DIR/seed-1234 DIR/seed-2024   # kept runs, today's scorer
 """
 
 from __future__ import annotations
@@ -234,9 +238,13 @@ def item_rows(items: dict[str, list[dict]]) -> list[dict]:
     `control` when the continued-SFT control ran), paired by id."""
     by_id = {name: {i["id"]: i for i in rows} for name, rows in items.items()}
     names = {"grpo": "grpo", "sft": "sft", "control": CONTINUED}
-    return [{"steps": i.get("steps"), **{key: by_id[name][i["id"]]["correct_flexible"]
+    rows = [{"steps": i.get("steps"), **{key: by_id[name][i["id"]]["correct_flexible"]
                                          for key, name in names.items() if name in by_id}}
             for i in items["grpo"] if all(i["id"] in by_id[name] for name in by_id)]
+    if all("correct_checked" in i for group in items.values() for i in group):  # right with no wrong equation
+        for row, i in zip(rows, (i for i in items["grpo"] if all(i["id"] in by_id[name] for name in by_id)), strict=True):
+            row.update({f"{key}_checked": by_id[name][i["id"]]["correct_checked"] for key, name in names.items() if name in by_id})
+    return rows
 
 
 def slice_numbers(rows: list[dict]) -> dict:
@@ -245,6 +253,10 @@ def slice_numbers(rows: list[dict]) -> dict:
     >>> r = slice_numbers([{"grpo": True, "sft": False, "control": False}] * 6 + [{"grpo": True, "sft": True, "control": True}] * 4)
     >>> r["n"], r["delta"], round(r["p_value"], 4), r["delta_vs_control"]
     (10, 0.6, 0.0312, 0.6)
+    >>> rows = [{"grpo": True, "sft": False, "grpo_checked": False, "sft_checked": False}] * 6
+    >>> r = slice_numbers(rows)["checked"]
+    >>> r["grpo_accuracy_checked"], r["delta"], r["p_value"]
+    (0.0, 0.0, 1.0)
     """
     from components.evaluation.stats import compare_paired
 
@@ -256,6 +268,11 @@ def slice_numbers(rows: list[dict]) -> dict:
     out.update(delta=res["delta"], ci95=res["ci95"], p_value=res["p_value"])
     if "control_accuracy_flexible" in out:
         out.update(delta_vs_control=ctl["delta"], p_vs_control=ctl["p_value"])
+    if rows and all("grpo_checked" in r and "sft_checked" in r for r in rows):
+        # the same on the right answers whose shown equations all hold: a gain from guesses has none here
+        checked = slice_numbers([{key: r[f"{key}_checked"] for key in ("grpo", "sft", "control") if f"{key}_checked" in r}
+                                 for r in rows])
+        out["checked"] = {k.replace("_flexible", "_checked"): v for k, v in checked.items() if k != "n"}
     return out
 
 
@@ -338,6 +355,33 @@ def run_recipe(workdir: Path, overrides: list[str], args: argparse.Namespace) ->
     return result
 
 
+def rescore(folders: list[Path], grpo_items: str = "grpo") -> dict:
+    """The band report of kept runs (`--keep DIR`: DIR or DIR/seed-S) with today's scorer: every kept
+    greedy completion in `items/` judged again (components/evaluation/scoring.py judge), so a metric
+    added since (`checked`) is reported for runs made before it. Pooled when there are several."""
+    from components.evaluation.scoring import judge
+
+    runs, per_seed = [], []
+    for folder in folders:
+        items = {}
+        for name, stem in (("grpo", grpo_items), ("sft", "sft"), (CONTINUED, CONTINUED)):
+            path = folder / "items" / f"{stem}.jsonl"
+            if not path.is_file():
+                if name == CONTINUED:
+                    continue
+                raise SystemExit(f"grpo_gain --rescore: {path} not found (a folder kept with --keep holds items/)")
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            items[name] = [{**row, **judge(row["completion"], row["gold"], "grpoflow")} for row in rows]
+        band = reports(folder, []).evaluate.target_band
+        rows = item_rows(items)
+        runs.append({"folder": str(folder), **band_report(rows, band)})
+        per_seed.append(rows)
+    result: dict = {"seeds": runs}
+    if len(runs) > 1:
+        result["pooled"] = pooled(per_seed, runs[0]["target_band"] if runs[0]["target_band"] != "all" else "")
+    return result
+
+
 def seed_list(text: str) -> list[int]:
     try:
         seeds = [int(x) for x in text.split(",") if x.strip()]
@@ -375,7 +419,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-control", action="store_true", help="skip the continued-SFT control (same compute as GRPO)"
     )
+    parser.add_argument(
+        "--rescore", nargs="+", type=Path, metavar="DIR",
+        help="run nothing: judge the kept greedy items of runs kept with --keep (DIR, or DIR/seed-S) with "
+        "today's scorer and print their band report (target, in_band, bands, each with `checked`), pooled",
+    )
+    parser.add_argument("--grpo-items", default="grpo", metavar="NAME",
+                        help="with --rescore: the GRPO model's items file, items/NAME.jsonl (default grpo)")
     args = parser.parse_args(argv)
+    if args.rescore:
+        print(json.dumps(rescore(args.rescore, args.grpo_items), indent=2))
+        return 0
     if args.seeds and any(o.split("=", 1)[0].strip() == "data.seed" for o in args.overrides):
         parser.error("--seeds sets data.seed for each run: drop -S data.seed=...")
 

@@ -82,8 +82,11 @@ def correctness_and_format(challenger: dict[str, dict[str, Any]], champion: dict
     if not rows or not all(ITEM_COLUMNS["accuracy_flexible"] in x and ITEM_COLUMNS["accuracy_flexible"] in y
                            for x, y in rows):
         return None
+    columns = dict(ITEM_COLUMNS)
+    if all("correct_checked" in x and "correct_checked" in y for x, y in rows):  # older items files lack it
+        columns["accuracy_checked"] = "correct_checked"
     by_metric = {m: compare_paired([bool(x[c]) for x, _ in rows], [bool(y[c]) for _, y in rows])
-                 for m, c in ITEM_COLUMNS.items()}
+                 for m, c in columns.items()}
     formats = [None, None]
     if all("format_ok" in x and "format_ok" in y for x, y in rows):
         formats = [sum(bool(r[k]["format_ok"]) for r in rows) / len(rows) for k in (0, 1)]

@@ -542,6 +542,7 @@ def test_cli_on_a_gsm8k_file_prints_accuracy_per_step_count(workspace, tmp_path,
     assert cli.main([*args, *sum((["-S", o] for o in overrides(workspace, "evaluate.target_band=3")), [])]) == 0
     captured = capsys.readouterr()
     table = captured.err[captured.err.index("accuracy per number of reasoning steps (target band: 3 steps)"):]
+    assert table.splitlines()[1].split() == ["steps", "n", "flexible", "strict", "format", "checked"]
     lines = [line.split() for line in table.splitlines()[2:6]]
     assert [(cells[0], cells[1]) for cells in lines] == [("1", "1"), ("2", "2"), ("3", "1"), ("target", "band")]
     assert json.loads(captured.out)["by_steps"]["2"]["n"] == 2  # stdout stays the metrics JSON

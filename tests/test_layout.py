@@ -175,6 +175,7 @@ RERUNS = {
     "components/common/tracking.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
     "components/problems/answers.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
     "components/problems/bands.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
+    "components/problems/arithmetic.py": {"evaluate"},
     "components/problems/gsm8k.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
     "components/problems/sources.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
     # model folders: every stage that reads or writes one

@@ -42,6 +42,9 @@ def item_metrics(items: list[dict[str, Any]]) -> dict[str, Any]:
     ...                {"correct": False, "correct_flexible": True, "format_ok": False, "completion_tokens": 30}])
     >>> m["n"], m["accuracy_strict"], m["accuracy_flexible"], m["format_rate"], m["mean_completion_tokens"]
     (2, 0.5, 1.0, 0.5, 20.0)
+
+    `accuracy_checked` (the answer right and every equation shown right) where the items carry
+    `correct_checked`: a right answer reached by wrong work counts in the flexible accuracy only.
     """
     n = len(items)
     k_strict = sum(i["correct"] for i in items)
@@ -55,13 +58,17 @@ def item_metrics(items: list[dict[str, Any]]) -> dict[str, Any]:
         "format_rate": sum(i["format_ok"] for i in items) / n if n else 0.0,
         "mean_completion_tokens": sum(i["completion_tokens"] for i in items) / n if n else 0.0,
     }
+    if items and all("correct_checked" in i for i in items):  # items files written before it lack the column
+        k_checked = sum(i["correct_checked"] for i in items)
+        metrics["accuracy_checked"] = k_checked / n
+        metrics["accuracy_checked_ci95"] = list(wilson_interval(k_checked, n))
     if items and "samples_correct" in items[0]:
         metrics.update(sample_metrics(items))
     return metrics
 
 
 SLICE_KEYS = ("n", "accuracy_flexible", "accuracy_flexible_ci95", "accuracy_strict", "accuracy_strict_ci95",
-              "format_rate", "pass_at_k_flexible", "sampled_accuracy_flexible")
+              "accuracy_checked", "accuracy_checked_ci95", "format_rate", "pass_at_k_flexible", "sampled_accuracy_flexible")
 
 
 def slice_metrics(items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -167,6 +174,8 @@ def compare(items_a: list[dict[str, Any]], items_b: list[dict[str, Any]], primar
         log.warning("comparing on %d shared items (%d vs %d)", len(shared), len(items_a), len(items_b))
     pairs = [(i, b_by_id[i["id"]]) for i in shared]
     binary = {"accuracy_strict": "correct", "accuracy_flexible": "correct_flexible"}
+    if pairs and all("correct_checked" in x and "correct_checked" in y for x, y in pairs):
+        binary["accuracy_checked"] = "correct_checked"
     means: dict[str, str] = {}
     if pairs and all("samples_correct" in x and "samples_correct" in y for x, y in pairs):
         binary.update(SAMPLED_BINARY)

@@ -23,7 +23,7 @@ from components.common.tracking import TAG_PREFIX, metric_key
 Results = dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]  # {model: (metrics, items)}
 COMPARISON = "comparison"
 ACCURACY_CSV = "accuracy.csv"
-ACCURACY_METRICS = {"strict": "accuracy_strict", "flexible": "accuracy_flexible"}
+ACCURACY_METRICS = {"strict": "accuracy_strict", "flexible": "accuracy_flexible", "checked": "accuracy_checked"}
 HEADLINE_DIR = "metrics"  # `<eval dir>/metrics/<model>.json`: what dvc.yaml declares as metrics
 HEADLINE_KEYS = ("accuracy_flexible", "accuracy_strict", "format_rate", "n")
 # With evaluate.target_band the headline is the band's: correctness there, on the other bands, and format.
@@ -158,9 +158,13 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def verdict(strict: dict[str, Any] | None, flexible: dict[str, Any] | None, alpha: float = 0.05) -> str:
+def verdict(strict: dict[str, Any] | None, flexible: dict[str, Any] | None, alpha: float = 0.05,
+            checked: dict[str, Any] | None = None) -> str:
     """What a paired comparison says about correctness, in words: strict accuracy needs the right
-    answer in the `<answer>` tag, flexible accuracy only the right answer (correctness).
+    answer in the `<answer>` tag, flexible accuracy only the right answer (correctness), checked
+    accuracy the right answer with every equation shown right (components/problems/arithmetic.py).
+    A correctness gain that the checked accuracy does not share is called what it is: right answers
+    reached by wrong work.
 
     >>> verdict({"delta": 0.095, "p_value": 1e-13}, {"delta": -0.012, "p_value": 0.4})
     'the gain is format, not correctness'
@@ -170,6 +174,8 @@ def verdict(strict: dict[str, Any] | None, flexible: dict[str, Any] | None, alph
     'correctness fell'
     >>> verdict({"delta": 0.01, "p_value": 0.5}, {"delta": 0.01, "p_value": 0.5})
     'no significant change in correctness'
+    >>> verdict({"delta": 0.04, "p_value": 0.02}, {"delta": 0.04, "p_value": 0.02}, checked={"delta": 0.0, "p_value": 1.0})
+    'correctness rose, but not with work that holds: the new right answers come with wrong equations'
     """
     def significant(r: dict[str, Any] | None, sign: int) -> bool:
         return bool(r) and sign * r["delta"] > 0 and r["p_value"] < alpha
@@ -177,6 +183,8 @@ def verdict(strict: dict[str, Any] | None, flexible: dict[str, Any] | None, alph
     if significant(strict, 1) and not significant(flexible, 1):
         return "the gain is format, not correctness" + (" (correctness fell)" if significant(flexible, -1) else "")
     if significant(flexible, 1):
+        if checked is not None and not significant(checked, 1):
+            return "correctness rose, but not with work that holds: the new right answers come with wrong equations"
         return "correctness rose"
     if significant(flexible, -1):
         return "correctness fell"
@@ -196,6 +204,7 @@ def headline(a: str, b: str, by_metric: dict[str, dict[str, Any]], format_a: flo
     """
     parts = []
     flex, strict = by_metric.get("accuracy_flexible"), by_metric.get("accuracy_strict")
+    checked = by_metric.get("accuracy_checked")
     if flex:
         ci = flex.get("ci95")
         interval = f" (95% CI {100 * ci[0]:+.1f} to {100 * ci[1]:+.1f})" if ci else ""
@@ -207,7 +216,10 @@ def headline(a: str, b: str, by_metric: dict[str, dict[str, Any]], format_a: flo
     if strict:
         parts.append(f"accuracy_strict (right and tagged) {_pct(strict['accuracy_b'])} -> {_pct(strict['accuracy_a'])}, "
                      f"{100 * strict['delta']:+.1f} points, p = {strict['p_value']:.2g}")
-    return "; ".join(parts) + f": {verdict(strict, flex, alpha)}"
+    if checked:
+        parts.append(f"accuracy_checked (right, every equation shown right) {_pct(checked['accuracy_b'])} -> "
+                     f"{_pct(checked['accuracy_a'])}, {100 * checked['delta']:+.1f} points, p = {checked['p_value']:.2g}")
+    return "; ".join(parts) + f": {verdict(strict, flex, alpha, checked)}"
 
 
 def band_headlines(a: str, b: str, comparison: dict[str, Any], metrics: dict[str, dict[str, Any]],
@@ -237,6 +249,11 @@ def steps_table(metrics: dict[str, Any]) -> str:
       steps             n  flexible    strict    format
       1                 3    100.0%     66.7%    100.0%
       target band       3    100.0%     66.7%    100.0%
+    >>> print(steps_table({"by_steps": {"3": {"n": 4, "accuracy_flexible": 0.5, "accuracy_strict": 0.5, "format_rate": 1.0,
+    ...                                       "accuracy_checked": 0.25}}}))
+    accuracy per number of reasoning steps
+      steps             n  flexible    strict    format   checked
+      3                 4     50.0%     50.0%    100.0%     25.0%
     """
     from components.problems.bands import band_label, parse_band
 
@@ -245,10 +262,11 @@ def steps_table(metrics: dict[str, Any]) -> str:
     rows += [(label, metrics[part]) for part, label in (("target", "target band"), ("in_band", "other bands"))
              if band and metrics.get(part, {}).get("n")]
     head = "accuracy per number of reasoning steps" + (f" (target band: {band_label(band)})" if band else "")
-    lines = [head, f"  {'steps':<12} {'n':>6}  {'flexible':>8}  {'strict':>8}  {'format':>8}"]
+    checked = bool(rows) and all("accuracy_checked" in m for _, m in rows)
+    lines = [head, f"  {'steps':<12} {'n':>6}  {'flexible':>8}  {'strict':>8}  {'format':>8}" + (f"  {'checked':>8}" if checked else "")]
     for label, m in rows:
         lines.append(f"  {label:<12} {m['n']:>6}  {_pct(m['accuracy_flexible']):>8}  {_pct(m['accuracy_strict']):>8}  "
-                     f"{_pct(m['format_rate']):>8}")
+                     f"{_pct(m['format_rate']):>8}" + (f"  {_pct(m['accuracy_checked']):>8}" if checked else ""))
     return "\n".join(lines)
 
 

@@ -31,7 +31,7 @@ from components.evaluation.metrics import band_metrics, item_metrics
 from components.evaluation.stats import majority_vote
 from components.models.modelio import load_tokenizer
 from components.models.resolve import ResolvedModel
-from components.problems import gsm8k
+from components.problems import arithmetic, gsm8k
 from components.problems.sources import load_problems, problems_sha256
 
 log = logging.getLogger("grpoflow.scoring")
@@ -95,6 +95,8 @@ def judge(completion: str, gold: str, protocol: str) -> dict[str, Any]:
         "correct": bool(correct),
         "extracted_flexible": flexible,
         "correct_flexible": bool(correct_flexible),
+        # the right answer with work that holds: every equation shown is right (not a lucky guess)
+        "correct_checked": bool(correct_flexible) and arithmetic.work_holds(completion),
         "format_ok": bool(format_ok),
     }
 
@@ -103,8 +105,8 @@ def score_item(problem: dict[str, str], completion: str, num_tokens: int, protoc
     """One items.jsonl row. `correct` is the strict judgement (what the promotion gate pairs).
 
     >>> row = score_item({"id": "t-1", "gold": "7"}, "<reasoning>3 + 4 = 7</reasoning>\\n<answer>7</answer>", 12, "grpoflow")
-    >>> row["extracted"], row["correct"], row["correct_flexible"], row["format_ok"]
-    ('7', True, True, True)
+    >>> row["extracted"], row["correct"], row["correct_flexible"], row["correct_checked"], row["format_ok"]
+    ('7', True, True, True, True)
     >>> row = score_item({"id": "t-2", "gold": "7"}, " 3 + 4 = 7\\n#### 7", 9, "lm-eval-gsm8k")
     >>> row["extracted"], row["correct"], row["extracted_flexible"], row["format_ok"]
     ('7', True, '7', True)
@@ -118,6 +120,7 @@ def score_item(problem: dict[str, str], completion: str, num_tokens: int, protoc
         "correct": verdict["correct"],
         "extracted_flexible": verdict["extracted_flexible"],
         "correct_flexible": verdict["correct_flexible"],
+        "correct_checked": verdict["correct_checked"],
         "format_ok": verdict["format_ok"],
         "completion_tokens": int(num_tokens),
         "steps": problem.get("steps"),  # the problem's reasoning steps: accuracy per step count and band

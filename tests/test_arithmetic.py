@@ -1,0 +1,53 @@
+"""The arithmetic check behind `accuracy_checked`: which right answers come with work that holds."""
+
+import json
+from pathlib import Path
+
+from components.evaluation import metrics, reports, scoring
+from components.problems.arithmetic import equations, work_holds
+
+DATA = Path(__file__).parent / "data" / "gsm8k_model_samples.jsonl"
+
+
+def test_gsm8k_reference_solutions_hold_and_a_wrong_annotation_does_not():
+    rows = [json.loads(line) for line in DATA.read_text().splitlines()]
+    references = [r["ground_truth"] for r in rows]
+    assert all(equations(text) for text in references)  # every reference shows its calculator annotations
+    assert all(work_holds(text) for text in references)
+    wrong = references[0].replace("<<325-28=297>>", "<<325-28=298>>")
+    assert not work_holds(wrong)
+    assert ("325-28 = 298", False) in equations(wrong)
+    # GSM8K's own answer field: thousands separators, money and decimals
+    assert work_holds("12 * 1000 = <<12*1000=12000>>12,000\n#### 12,000")
+    assert work_holds("3.50-1=<<3.50-1=2.50>>2.50\n#### $2.50")
+
+
+def test_any_text_is_scanned_without_error():
+    for text in ("", "=" * 1000, "1 + " * 20000 + "= 5", "(" * 500 + "1+1=2", "9" * 100000, "1e308 * 1e308 = 1"):
+        assert work_holds(text) in (True, False)
+
+
+def test_a_right_answer_from_wrong_work_counts_as_correct_but_not_checked():
+    """The tiny model's 3-step 'gains': two steps, a wrong sum, and the gold number by chance."""
+    def completion(work: str, answer: str) -> str:
+        return f"<reasoning>\n{work}\n</reasoning>\n<answer>\n{answer}\n</answer>"
+
+    guess = completion("Jack has 2 - 1 = 1 stickers.\nJack has 4 - 1 = 1 stickers.", "1")
+    worked = completion("Jack has 4 - 1 = 3 stickers.\nJack has 3 - 2 = 1 stickers.", "1")
+    rows = {
+        "sft": [scoring.score_item({"id": str(i), "gold": "1"}, completion("4 - 1 = 3", "3"), 9, "grpoflow") for i in range(40)],
+        "grpo": [scoring.score_item({"id": str(i), "gold": "1"}, guess if i < 20 else worked if i < 22 else
+                                    completion("4 - 1 = 3", "3"), 9, "grpoflow") for i in range(40)],
+    }
+    m = metrics.item_metrics(rows["grpo"])
+    assert m["accuracy_flexible"] == 22 / 40 and m["accuracy_checked"] == 2 / 40
+    res = metrics.compare(rows["grpo"], rows["sft"], "accuracy_flexible")
+    assert res["by_metric"]["accuracy_checked"]["delta"] == 2 / 40
+    line = reports.headline("grpo", "sft", res["by_metric"])
+    assert "accuracy_checked (right, every equation shown right) 0.0% -> 5.0%" in line
+    assert line.endswith("correctness rose, but not with work that holds: the new right answers come with wrong equations")
+    # items files written before the column: no checked metric, the verdict as before
+    old = [{k: v for k, v in r.items() if k != "correct_checked"} for r in rows["grpo"]]
+    assert "accuracy_checked" not in metrics.item_metrics(old)
+    assert reports.headline("grpo", "sft", metrics.compare(old, rows["sft"], "accuracy_flexible")["by_metric"]).endswith(
+        ": correctness rose")
