@@ -43,7 +43,7 @@ def item_metrics(items: list[dict[str, Any]]) -> dict[str, Any]:
     >>> m["n"], m["accuracy_strict"], m["accuracy_flexible"], m["format_rate"], m["mean_completion_tokens"]
     (2, 0.5, 1.0, 0.5, 20.0)
 
-    `accuracy_checked` (the answer right and every equation shown right) where the items carry
+    `accuracy_checked` (the answer right and no equation shown wrong) where the items carry
     `correct_checked`: a right answer reached by wrong work counts in the flexible accuracy only.
     """
     n = len(items)

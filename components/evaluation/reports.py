@@ -162,9 +162,9 @@ def verdict(strict: dict[str, Any] | None, flexible: dict[str, Any] | None, alph
             checked: dict[str, Any] | None = None) -> str:
     """What a paired comparison says about correctness, in words: strict accuracy needs the right
     answer in the `<answer>` tag, flexible accuracy only the right answer (correctness), checked
-    accuracy the right answer with every equation shown right (components/problems/arithmetic.py).
-    A correctness gain that the checked accuracy does not share is called what it is: right answers
-    reached by wrong work.
+    accuracy the right answer with no equation shown wrong (components/problems/arithmetic.py).
+    A correctness gain of which the checked accuracy shares less than half is called what it is:
+    mostly right answers reached by wrong work.
 
     >>> verdict({"delta": 0.095, "p_value": 1e-13}, {"delta": -0.012, "p_value": 0.4})
     'the gain is format, not correctness'
@@ -174,8 +174,10 @@ def verdict(strict: dict[str, Any] | None, flexible: dict[str, Any] | None, alph
     'correctness fell'
     >>> verdict({"delta": 0.01, "p_value": 0.5}, {"delta": 0.01, "p_value": 0.5})
     'no significant change in correctness'
-    >>> verdict({"delta": 0.04, "p_value": 0.02}, {"delta": 0.04, "p_value": 0.02}, checked={"delta": 0.0, "p_value": 1.0})
-    'correctness rose, but not with work that holds: the new right answers come with wrong equations'
+    >>> verdict({"delta": 0.04, "p_value": 0.02}, {"delta": 0.04, "p_value": 0.02}, checked={"delta": 0.008, "p_value": 0.2})
+    'correctness rose, but not with work that holds: most new right answers come with wrong equations'
+    >>> verdict({"delta": 0.15, "p_value": 0.001}, {"delta": 0.15, "p_value": 0.001}, checked={"delta": 0.14, "p_value": 0.06})
+    'correctness rose'
     """
     def significant(r: dict[str, Any] | None, sign: int) -> bool:
         return bool(r) and sign * r["delta"] > 0 and r["p_value"] < alpha
@@ -183,8 +185,8 @@ def verdict(strict: dict[str, Any] | None, flexible: dict[str, Any] | None, alph
     if significant(strict, 1) and not significant(flexible, 1):
         return "the gain is format, not correctness" + (" (correctness fell)" if significant(flexible, -1) else "")
     if significant(flexible, 1):
-        if checked is not None and not significant(checked, 1):
-            return "correctness rose, but not with work that holds: the new right answers come with wrong equations"
+        if checked is not None and checked["delta"] < flexible["delta"] / 2:
+            return "correctness rose, but not with work that holds: most new right answers come with wrong equations"
         return "correctness rose"
     if significant(flexible, -1):
         return "correctness fell"
@@ -217,7 +219,7 @@ def headline(a: str, b: str, by_metric: dict[str, dict[str, Any]], format_a: flo
         parts.append(f"accuracy_strict (right and tagged) {_pct(strict['accuracy_b'])} -> {_pct(strict['accuracy_a'])}, "
                      f"{100 * strict['delta']:+.1f} points, p = {strict['p_value']:.2g}")
     if checked:
-        parts.append(f"accuracy_checked (right, every equation shown right) {_pct(checked['accuracy_b'])} -> "
+        parts.append(f"accuracy_checked (right, no equation shown wrong) {_pct(checked['accuracy_b'])} -> "
                      f"{_pct(checked['accuracy_a'])}, {100 * checked['delta']:+.1f} points, p = {checked['p_value']:.2g}")
     return "; ".join(parts) + f": {verdict(strict, flex, alpha, checked)}"
 

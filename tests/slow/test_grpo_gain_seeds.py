@@ -45,6 +45,10 @@ def test_seeds_run_the_recipe_per_data_seed_and_pool_the_items(tmp_path, capsys)
     for run in result["seeds"]:
         assert run["target_band"] == "3" and keys <= set(run["target"]) and keys <= set(run["in_band"])
         assert sum(b["n"] for b in run["bands"].values()) == 8 == run["target"]["n"] + run["in_band"]["n"]
+        # beside each slice, the same on right answers with no wrong equation (never above the flexible accuracy)
+        checked = run["target"]["checked"]
+        assert checked["grpo_accuracy_checked"] <= run["target"]["grpo_accuracy_flexible"]
+        assert checked["sft_accuracy_checked"] <= run["target"]["sft_accuracy_flexible"]
     # the pooled tests are the exact McNemar over both seeds' paired items, re-derived from the items
     pairs = {"target": [], "in_band": []}
     for s in (11, 12):
