@@ -20,6 +20,9 @@ def test_gsm8k_reference_solutions_hold_and_a_wrong_annotation_does_not():
     # GSM8K's own answer field: thousands separators, money and decimals
     assert work_holds("12 * 1000 = <<12*1000=12000>>12,000\n#### 12,000")
     assert work_holds("3.50-1=<<3.50-1=2.50>>2.50\n#### $2.50")
+    # a whole-number result is exact; a decimal one holds to the places it is written with
+    assert not work_holds("Now Hugo has 7 / 2 = 4 stickers.") and not work_holds("10 / 3 = 3")
+    assert work_holds("7 / 2 = 3.5, 20 / 3 = 6.67 and 20/3=<<20/3=6.666666666666667>>6.666666666666667")
 
 
 def test_any_text_is_scanned_without_error():

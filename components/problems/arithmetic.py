@@ -10,8 +10,8 @@ scanner cannot read never turns a right answer into a wrong one.
 
 An equation is numbers joined by `+ - * / x ×` (and parentheses) then `=` and a number, in prose or
 in GSM8K's calculator annotations (`<<48/2=24>>`); `$` and thousands separators are dropped. The result
-holds when it equals the left side to the decimals it is written with (`7/3 = 2.33` holds,
-`7/3 = 2` does not). Text that only looks like one (`5 apples + 3 = 8`, a percentage) is not an
+holds when it equals the left side: exactly for a whole number (`7/2 = 4` does not hold), to the
+decimals it is written with otherwise (`7/3 = 2.33` holds). Text that only looks like one (`5 apples + 3 = 8`, a percentage) is not an
 equation and is skipped. Scanning is linear: the left side is at most 80 characters.
 
     python -m doctest components/problems/arithmetic.py
@@ -65,7 +65,9 @@ def equations(text: str) -> list[tuple[str, bool]]:
         except (SyntaxError, ValueError, RecursionError):
             continue  # unbalanced parentheses and the like: not an equation we can read
         decimals = len(result.split(".")[1]) if "." in result else 0
-        found.append((f"{left} = {result}", abs(value - float(result)) <= 0.5 * 10**-decimals + 1e-9))
+        # a whole number is exact; a decimal holds to the places it is written with (7/3 = 2.33)
+        slack = 0.5 * 10**-decimals if decimals else 0.0
+        found.append((f"{left} = {result}", abs(value - float(result)) <= slack + 1e-9 * max(1.0, abs(value))))
     return found
 
 
