@@ -355,10 +355,11 @@ def run_recipe(workdir: Path, overrides: list[str], args: argparse.Namespace) ->
     return result
 
 
-def rescore(folders: list[Path], grpo_items: str = "grpo") -> dict:
+def rescore(folders: list[Path], grpo_items: str = "grpo", overrides: list[str] | None = None) -> dict:
     """The band report of kept runs (`--keep DIR`: DIR or DIR/seed-S) with today's scorer: every kept
     greedy completion in `items/` judged again (components/evaluation/scoring.py judge), so a metric
-    added since (`checked`) is reported for runs made before it. Pooled when there are several."""
+    added since (`checked`) is reported for runs made before it. Pooled when there are several. The
+    target band is the folder's params.yaml with `overrides` (the -S the runs were made with)."""
     from components.evaluation.scoring import judge
 
     runs, per_seed = [], []
@@ -372,7 +373,7 @@ def rescore(folders: list[Path], grpo_items: str = "grpo") -> dict:
                 raise SystemExit(f"grpo_gain --rescore: {path} not found (a folder kept with --keep holds items/)")
             rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
             items[name] = [{**row, **judge(row["completion"], row["gold"], "grpoflow")} for row in rows]
-        band = reports(folder, []).evaluate.target_band
+        band = reports(folder, overrides or []).evaluate.target_band
         rows = item_rows(items)
         runs.append({"folder": str(folder), **band_report(rows, band)})
         per_seed.append(rows)
@@ -422,13 +423,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rescore", nargs="+", type=Path, metavar="DIR",
         help="run nothing: judge the kept greedy items of runs kept with --keep (DIR, or DIR/seed-S) with "
-        "today's scorer and print their band report (target, in_band, bands, each with `checked`), pooled",
+        "today's scorer and print their band report (target, in_band, bands, each with `checked`), pooled; "
+        "-S as the runs had it (evaluate.target_band)",
     )
     parser.add_argument("--grpo-items", default="grpo", metavar="NAME",
                         help="with --rescore: the GRPO model's items file, items/NAME.jsonl (default grpo)")
     args = parser.parse_args(argv)
     if args.rescore:
-        print(json.dumps(rescore(args.rescore, args.grpo_items), indent=2))
+        if args.seeds or args.keep:
+            parser.error("--rescore reads kept runs and runs nothing: drop --seeds/--keep (give -S as the runs had it)")
+        print(json.dumps(rescore(args.rescore, args.grpo_items, args.overrides), indent=2))
         return 0
     if args.seeds and any(o.split("=", 1)[0].strip() == "data.seed" for o in args.overrides):
         parser.error("--seeds sets data.seed for each run: drop -S data.seed=...")

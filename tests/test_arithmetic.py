@@ -25,6 +25,22 @@ def test_gsm8k_reference_solutions_hold_and_a_wrong_annotation_does_not():
     assert work_holds("7 / 2 = 3.5, 20 / 3 = 6.67 and 20/3=<<20/3=6.666666666666667>>6.666666666666667")
 
 
+HOLDS = [  # worked-solution text from real models: none of it shows a wrong equation
+    "(3 + 4) * 2 = 7 * 2 = 14", "20 - 4 * 2 = 20 - 8 = 12", "$12 * 3 + $5 = $36 + $5 = $41", "2 + 3 = 5 + 4 = 9",
+    "20 apples - 5 + 3 = 18", "2 hours * 60 + 30 = 150", "60 km/h * 2 + 10 = 130", "10% * 50 + 5 = 10",
+    "12 ÷ 4 + 2 = 5", "3 \\times 4 + 2 = 14", "3 · 4 + 1 = 13", "10 − 3 + 2 = 9", "2x + 10 - 4 = 20", "3:30 - 1 = 2:30",
+    "$.25 * 8 = $2", "1/4 = 25%", "1/2 + 1/4 = 3/4", "30 / 60 = 1/2 hour", "1000 + 1 = 1 001", "10,5 + 1 = 11,5",
+    "He earns $1,200.50 + $300 = $1,500.50.", "5-10 = -5", "-3 + 5 = 2", "1 + 2 = 3. 4 + 5 = 9.",
+    " + ".join(["1234", "2345", "3456", "4567", "5678"] * 4) + " = 69120",
+]
+WRONG = ["2 + 3 = 5 + 4 = 10", "5+3=8-2=7", "(3 + 4) * 2 = 7 * 2 = 15", "3 * 3 = 10 cookies", "12 ÷ 4 = 4"]
+
+
+def test_chains_units_symbols_and_cut_sides_are_read_as_a_reader_would():
+    assert [t for t in HOLDS if not work_holds(t)] == []
+    assert [t for t in WRONG if work_holds(t)] == []
+
+
 def test_any_text_is_scanned_without_error():
     for text in ("", "=" * 1000, "1 + " * 20000 + "= 5", "(" * 500 + "1+1=2", "9" * 100000, "1e308 * 1e308 = 1"):
         assert work_holds(text) in (True, False)

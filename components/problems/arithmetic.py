@@ -8,11 +8,13 @@ answer is right and no equation shown is wrong) beside the flexible and strict a
 (components/evaluation/metrics.py). A completion without equations passes the rule, so prose the
 scanner cannot read never turns a right answer into a wrong one.
 
-An equation is numbers joined by `+ - * / x ×` (and parentheses) then `=` and a number, in prose or
-in GSM8K's calculator annotations (`<<48/2=24>>`); `$` and thousands separators are dropped. The result
-holds when it equals the left side: exactly for a whole number (`7/2 = 4` does not hold), to the
-decimals it is written with otherwise (`7/3 = 2.33` holds). Text that only looks like one (`5 apples + 3 = 8`, a percentage) is not an
-equation and is skipped. Scanning is linear: the left side is at most 80 characters.
+An equation is arithmetic (numbers, `+ - * /` and their other spellings `× · ÷ x`, parentheses)
+on both sides of `=`, in prose or in GSM8K's calculator annotations (`<<48/2=24>>`); `$` and
+thousands separators are dropped, and a chain `a = b = c` is read link by link. A result holds
+when it equals its left side: exactly for a whole number (`7/2 = 4` does not hold), to the decimals
+it is written with otherwise (`7/3 = 2.33` holds). What is not clearly an equation is skipped, not
+judged: a side cut by a word or symbol (`20 apples - 5 + 3 = 18`, `= 25%`, `3:30`), a list
+(`5, 6`), a side over 200 characters. Scanning is linear in the text.
 
     python -m doctest components/problems/arithmetic.py
 """
@@ -22,12 +24,18 @@ from __future__ import annotations
 import ast
 import re
 
-_NUMBER = r"-?\d+(?:,\d{3})*(?:\.\d+)?"
-_EQUATION = re.compile(r"([\d.,+\-*/() $]{3,80}?)=\s*\$?(" + _NUMBER + ")")
-_TIMES = re.compile(r"([\d)])\s*[x×]\s*(?=[\d($])")
-_HAS_OPERATOR = re.compile(r"\d\s*\)?\s*[-+*/]\s*\(?\s*-?\d")
+# Other spellings of the operators, read as + - * /; "x" only between two numbers ("3 x 4").
+_SPELLINGS = (("÷", "/"), ("×", "*"), ("·", "*"), ("\\times", "*"), ("\\cdot", "*"), ("\\div", "/"),
+              ("−", "-"), ("–", "-"))
+_TIMES = re.compile(r"([\d)])\s*x\s*(?=[\d($])")
+# a maximal run of arithmetic characters, `=` included; a comma only inside a number (1,000): ", " ends a run
+_RUN = re.compile(r"(?:[\d.+\-*/() $=]|,(?=\d))+")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_NUMBER = re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)")
+_LEADING = re.compile(r"\(*\s*(-?(?:\d+(?:\.\d*)?|\.\d+))")
+_HAS_OPERATOR = re.compile(r"[\d.)]\s*[-+*/]\s*[(\d.-]")
 _OPS = {ast.Add: float.__add__, ast.Sub: float.__sub__, ast.Mult: float.__mul__, ast.Div: float.__truediv__}
+_MAX_SIDE = 200  # characters of one side: longer is not read (and no float overflows)
 
 
 def _value(node: ast.AST) -> float:
@@ -40,34 +48,80 @@ def _value(node: ast.AST) -> float:
     raise ValueError("not arithmetic")
 
 
+def _side(part: str) -> str | None:
+    """One side of an equation, cleaned (`$` and thousands separators dropped), or None where it is
+    not one: empty, too long, a list (`5, 6`), or cut by text before or after it (`- 5` of
+    `20 apples - 5`, a trailing operator)."""
+    side = _THOUSANDS.sub("", part.replace("$", "")).strip().rstrip(".").strip()  # "= 36." ends a sentence
+    if not side or len(side) > _MAX_SIDE or "," in side or "**" in side or "//" in side:
+        return None
+    if side[0] in "+*/)" or side[-1] in "+-*/(" or re.match(r"-\s", side):
+        return None
+    return side
+
+
+def _holds(value: float, written: str) -> bool:
+    """`value` equals the number `written`: exactly for a whole number, to its decimals otherwise."""
+    decimals = len(written.split(".")[1]) if "." in written else 0
+    slack = 0.5 * 10**-decimals if decimals else 0.0
+    return abs(value - float(written)) <= slack + 1e-9 * max(1.0, abs(value))
+
+
+def _evaluate(side: str) -> float | None:
+    try:
+        return _value(ast.parse(side, mode="eval").body)
+    except (SyntaxError, ValueError, RecursionError, OverflowError, MemoryError):
+        return None
+
+
 def equations(text: str) -> list[tuple[str, bool]]:
-    """Each equation in `text` as (the equation, whether it holds), in order.
+    """Each equation in `text` as (the equation, whether it holds), in order. A chain
+    `a = b = c` is read link by link; a link that restarts from the total (`2 + 3 = 5 + 4 = 9`, a
+    running sum) holds when the total it starts from is right.
 
     >>> equations("Now Cara has 3 * 3 = 9 cookies. Then 9 * 3 = 36.")
     [('3 * 3 = 9', True), ('9 * 3 = 36', False)]
     >>> equations("She pays $1,000 + $5 = $1,005; each gets <<7/3=2.33>>2.33, so (3 + 4) x 2 = 14.")
     [('1000 + 5 = 1005', True), ('7/3 = 2.33', True), ('(3 + 4) * 2 = 14', True)]
-    >>> equations("5 apples + 3 = 8, 50% of 40 = 20, 12 = 12, 7 / 0 = 1, numbers 5, 6 + 1 = 7")
+    >>> equations("(3 + 4) * 2 = 7 * 2 = 14, 2 + 3 = 5 + 4 = 9, then 5 + 4 = 9 - 1 = 7")
+    [('(3 + 4) * 2 = 7 * 2', True), ('7 * 2 = 14', True), ('2 + 3 = 5 + 4', True), ('5 + 4 = 9', True), ('5 + 4 = 9 - 1', True), ('9 - 1 = 7', False)]
+    >>> equations("20 apples - 5 + 3 = 18, 1/4 = 25%, 3:30 - 1 = 2:30, 12 = 12, 7 / 0 = 1, numbers 5, 6 + 1 = 7")
     [('7 / 0 = 1', False), ('6 + 1 = 7', True)]
     """
+    for old, new in _SPELLINGS:
+        text = text.replace(old, new)
+    text = _TIMES.sub(r"\1 * ", text)
     found = []
-    for match in _EQUATION.finditer(_TIMES.sub(r"\1 * ", text)):
-        left = _THOUSANDS.sub("", match.group(1).replace("$", "")).rsplit(",", 1)[-1]  # "5, 6 + 1": a list's last part
-        left = re.sub(r"^[^\d(-]+", "", left).strip()
-        if not _HAS_OPERATOR.search(left) or "**" in left or "//" in left:
+    for run in _RUN.finditer(text):
+        parts = run.group().split("=")
+        if len(parts) < 2:
             continue
-        result = match.group(2).replace(",", "")
-        try:
-            value = _value(ast.parse(left, mode="eval").body)
-        except ZeroDivisionError:
-            found.append((f"{left} = {result}", False))
-            continue
-        except (SyntaxError, ValueError, RecursionError):
-            continue  # unbalanced parentheses and the like: not an equation we can read
-        decimals = len(result.split(".")[1]) if "." in result else 0
-        # a whole number is exact; a decimal holds to the places it is written with (7/3 = 2.33)
-        slack = 0.5 * 10**-decimals if decimals else 0.0
-        found.append((f"{left} = {result}", abs(value - float(result)) <= slack + 1e-9 * max(1.0, abs(value))))
+        sides = [_side(part) for part in parts]
+        before = text[run.start() - 1] if run.start() else " "
+        after = text[run.end()] if run.end() < len(text) else " "
+        if (before.isalnum() or before in ":%^\\") and not parts[0][:1].isspace():
+            sides[0] = None  # "3:30 - 1", "2x + 10": the first side is cut
+        if (after.isalnum() or after in ":%^\\") and not parts[-1][-1:].isspace():
+            sides[-1] = None  # "= 25%", "= 2:30": the last side is cut
+        for left, right in zip(sides, sides[1:], strict=False):
+            if left is None or right is None or not _HAS_OPERATOR.search(left):
+                continue
+            value = None
+            try:
+                value = _value(ast.parse(left, mode="eval").body)
+            except ZeroDivisionError:
+                found.append((f"{left} = {right}", False))
+                continue
+            except (SyntaxError, ValueError, RecursionError, OverflowError, MemoryError):
+                continue
+            if _NUMBER.fullmatch(right):
+                found.append((f"{left} = {right}", _holds(value, right)))
+                continue
+            total, start = _evaluate(right), _LEADING.match(right)
+            if total is None:
+                continue
+            restart = start is not None and _holds(value, start.group(1))  # 2 + 3 = 5 + 4: a running sum
+            found.append((f"{left} = {right}", restart or abs(value - total) <= 1e-9 * max(1.0, abs(value))))
     return found
 
 
