@@ -33,7 +33,8 @@ HOLDS = [  # worked-solution text from real models: none of it shows a wrong equ
     "He earns $1,200.50 + $300 = $1,500.50.", "5-10 = -5", "-3 + 5 = 2", "1 + 2 = 3. 4 + 5 = 9.",
     " + ".join(["1234", "2345", "3456", "4567", "5678"] * 4) + " = 69120",
 ]
-WRONG = ["2 + 3 = 5 + 4 = 10", "5+3=8-2=7", "(3 + 4) * 2 = 7 * 2 = 15", "3 * 3 = 10 cookies", "12 ÷ 4 = 4"]
+WRONG = ["2 + 3 = 5 + 4 = 10", "5+3=8-2=7", "(3 + 4) * 2 = 7 * 2 = 15", "3 * 3 = 10 cookies", "12 ÷ 4 = 4",
+         "7 / 0 = 1", "2 + 3 = 5 / 0"]  # a division by zero shown, on either side, is wrong work
 
 
 def test_chains_units_symbols_and_cut_sides_are_read_as_a_reader_would():
