@@ -237,14 +237,14 @@ def item_rows(items: dict[str, list[dict]]) -> list[dict]:
     """One row per test item: its `steps` and each model's flexible verdict (`grpo`, `sft`, and
     `control` when the continued-SFT control ran), paired by id."""
     by_id = {name: {i["id"]: i for i in rows} for name, rows in items.items()}
-    names = {"grpo": "grpo", "sft": "sft", "control": CONTINUED}
-    rows = [{"steps": i.get("steps"), **{key: by_id[name][i["id"]]["correct_flexible"]
-                                         for key, name in names.items() if name in by_id}}
+    names = {key: name for key, name in {"grpo": "grpo", "sft": "sft", "control": CONTINUED}.items() if name in by_id}
+    # `<key>_checked` too (right with no wrong equation) where every items file has the column
+    columns = {"": "correct_flexible"}
+    if all("correct_checked" in i for group in items.values() for i in group):
+        columns["_checked"] = "correct_checked"
+    return [{"steps": i.get("steps"), **{key + suffix: by_id[name][i["id"]][column]
+                                         for key, name in names.items() for suffix, column in columns.items()}}
             for i in items["grpo"] if all(i["id"] in by_id[name] for name in by_id)]
-    if all("correct_checked" in i for group in items.values() for i in group):  # right with no wrong equation
-        for row, i in zip(rows, (i for i in items["grpo"] if all(i["id"] in by_id[name] for name in by_id)), strict=True):
-            row.update({f"{key}_checked": by_id[name][i["id"]]["correct_checked"] for key, name in names.items() if name in by_id})
-    return rows
 
 
 def slice_numbers(rows: list[dict]) -> dict:

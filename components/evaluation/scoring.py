@@ -95,7 +95,7 @@ def judge(completion: str, gold: str, protocol: str) -> dict[str, Any]:
         "correct": bool(correct),
         "extracted_flexible": flexible,
         "correct_flexible": bool(correct_flexible),
-        # the right answer with work that holds: every equation shown is right (not a lucky guess)
+        # the right answer with work that holds: no equation shown is wrong (not a lucky guess)
         "correct_checked": bool(correct_flexible) and arithmetic.work_holds(completion),
         "format_ok": bool(format_ok),
     }

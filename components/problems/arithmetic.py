@@ -22,6 +22,7 @@ judged: a side cut by a word or symbol (`20 apples - 5 + 3 = 18`, `= 25%`, `3:30
 from __future__ import annotations
 
 import ast
+import math
 import re
 
 # Other spellings of the operators, read as + - * /; "x" only between two numbers ("3 x 4").
@@ -68,8 +69,11 @@ def _holds(value: float, written: str) -> bool:
 
 
 def _evaluate(side: str) -> float | None:
+    """The value of one side; NaN for a division by zero (it never holds); None where it is not arithmetic."""
     try:
         return _value(ast.parse(side, mode="eval").body)
+    except ZeroDivisionError:
+        return float("nan")
     except (SyntaxError, ValueError, RecursionError, OverflowError, MemoryError):
         return None
 
@@ -106,13 +110,8 @@ def equations(text: str) -> list[tuple[str, bool]]:
         for left, right in zip(sides, sides[1:], strict=False):
             if left is None or right is None or not _HAS_OPERATOR.search(left):
                 continue
-            value = None
-            try:
-                value = _value(ast.parse(left, mode="eval").body)
-            except ZeroDivisionError:
-                found.append((f"{left} = {right}", False))
-                continue
-            except (SyntaxError, ValueError, RecursionError, OverflowError, MemoryError):
+            value = _evaluate(left)
+            if value is None:
                 continue
             if _NUMBER.fullmatch(right):
                 found.append((f"{left} = {right}", _holds(value, right)))
@@ -121,7 +120,8 @@ def equations(text: str) -> list[tuple[str, bool]]:
             if total is None:
                 continue
             restart = start is not None and _holds(value, start.group(1))  # 2 + 3 = 5 + 4: a running sum
-            found.append((f"{left} = {right}", restart or abs(value - total) <= 1e-9 * max(1.0, abs(value))))
+            same = abs(value - total) <= 1e-9 * max(1.0, abs(value))
+            found.append((f"{left} = {right}", not math.isnan(total) and (restart or same)))  # 5 / 0 never holds
     return found
 
 
