@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", default=None, help="build the workspace in this (new) folder and keep it")
     args = parser.parse_args(argv)
 
-    from pipelines import presets
+    from pipelines.params import presets
 
     base = [*(presets.overrides(args.preset) if args.preset else []), "data.synthetic_test_size=20", *args.set]
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="grpo-step-"))

@@ -35,7 +35,7 @@ The protocol `lm-eval-gsm8k` (components/evaluation/lm_eval_gsm8k.py) swaps in l
     python -m components.evaluate -S evaluate.backend=transformers -S evaluate.limit=50
 
 To evaluate any other model (a folder, a hub id, models:/NAME@ALIAS): `grpoflow evaluate`
-(pipelines/evaluation.py).
+(pipelines/evaluation/any_model.py).
 """
 
 from __future__ import annotations

@@ -11,6 +11,12 @@
     grpoflow export MODEL DIR [--merged]        a self-contained copy of a model (LoRA: merged, or with its base)
     grpoflow ui                                 the MLflow UI on 127.0.0.1
 
+Each subcommand's handler lives with its concern (`pipelines/<concern>/<module>.py:cli_<command>`).
+Errors are one line on stderr, never a traceback (components/common/entry.py one_line_errors, around every
+subcommand): exit code 2 for input to fix (components/common/errors.py), 1 for a service that does not answer
+or a stage/DVC/MLflow failure, 3 for a checkout held by another run. A tracking server that does not
+answer is found before any work starts.
+
 Start-up stays fast: this module imports only the standard library; each subcommand
 imports its heavy machinery (torch, mlflow, prefect) when it runs.
 """
@@ -73,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default=None, metavar="NAME",
                    help="apply presets/NAME.yaml (a real model's settings: smollm2-135m-cpu, qwen2.5-0.5b-gpu, "
                    "qwen2.5-1.5b-gpu, llama3.2-1b-16gb), written into params.yaml as -S does; -S given with it wins")
-    p.set_defaults(handler="pipelines.commands:cli_run")
+    p.set_defaults(handler="pipelines.flow.run:cli_run")
 
     p = sub.add_parser("evaluate", help="evaluate a model folder, registered model (models:/NAME@ALIAS) or endpoint")
     p.add_argument("--model", required=True, metavar="PATH_OR_URI",
@@ -92,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=None, metavar="DIR",
                    help="write <name>.json and <name>.items.jsonl here (default: <evaluate.output_dir>/cli/<name>)")
     _add_params(p)
-    p.set_defaults(handler="pipelines.commands:cli_evaluate")
+    p.set_defaults(handler="pipelines.evaluation.any_model:cli_evaluate")
 
     p = sub.add_parser("grade", help="grade JSONL completions against gold answers")
     p.add_argument("--input", required=True, metavar="FILE",
@@ -100,19 +106,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, metavar="FILE", help="rows written back with 'extracted' and 'correct'")
     p.add_argument("--mode", choices=["strict", "flexible", "gsm8k"], default="flexible",
                    help="answer extraction mode (default: flexible)")
-    p.set_defaults(handler="pipelines.grading:cli_grade")
+    p.set_defaults(handler="pipelines.evaluation.grading:cli_grade")
 
     p = sub.add_parser("promote", help="force the champion alias onto a model version, recording why")
     p.add_argument("name", help="registered model name, e.g. grpoflow-policy")
     p.add_argument("version", help="model version number")
     p.add_argument("--reason", required=True, help="why; stored as a version tag")
     _add_params(p)
-    p.set_defaults(handler="pipelines.commands:cli_promote")
+    p.set_defaults(handler="pipelines.registry.promotion:cli_promote")
 
     p = sub.add_parser("rollback", help="move champion back to the previous champion")
     p.add_argument("name", help="registered model name, e.g. grpoflow-policy")
     _add_params(p)
-    p.set_defaults(handler="pipelines.commands:cli_rollback")
+    p.set_defaults(handler="pipelines.registry.promotion:cli_rollback")
 
     p = sub.add_parser("stage", help="run one dvc.yaml stage in a clean working copy of a commit (what a stage pod runs)")
     p.add_argument("name", help="dvc.yaml stage name")
@@ -124,17 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=None, help="MLflow server (default: MLFLOW_TRACKING_URI)")
     p.add_argument("--workdir", default=None, metavar="DIR", help="working copy (default: a new temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the working copy afterwards")
-    p.set_defaults(handler="pipelines.commands:cli_stage")
+    p.set_defaults(handler="pipelines.execution.stage:cli_stage")
 
     p = sub.add_parser("deploy", help="apply infra/prefect.yaml deployments to the Prefect server at PREFECT_API_URL")
     p.add_argument("--name", action="append", default=None, help="deployment name (repeatable; default: all)")
-    p.set_defaults(handler="pipelines.deploy:cli_deploy")
+    p.set_defaults(handler="pipelines.flow.deploy:cli_deploy")
 
     p = sub.add_parser("schedule", help="run the training flow from this process on a cron schedule (no worker)",
                        description=SCHEDULE_DESCRIPTION)
     p.add_argument("--cron", default="0 3 * * *", help='cron schedule, UTC (default: "0 3 * * *", daily at 03:00)')
     _add_params(p)
-    p.set_defaults(handler="pipelines.deploy:cli_schedule")
+    p.set_defaults(handler="pipelines.flow.deploy:cli_schedule")
 
     serve_help = "serve a model with vLLM's OpenAI-compatible server on 127.0.0.1 (default: the champion)"
     p = sub.add_parser("serve", help=serve_help, description=SERVE_DESCRIPTION)
@@ -148,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' on every request (default: $VLLM_API_KEY; "
                    "required for a --host other than loopback)")
     _add_params(p)
-    p.set_defaults(handler="pipelines.serving:cli_serve")
+    p.set_defaults(handler="pipelines.registry.serving:cli_serve")
 
     reproduce_help = "re-run the pipeline of a registered model version and compare its metrics"
     p = sub.add_parser("reproduce", help=reproduce_help, description=REPRODUCE_DESCRIPTION)
@@ -161,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=0.0, metavar="X",
                    help="largest absolute difference accepted per metric (default 0: identical)")
     _add_params(p)
-    p.set_defaults(handler="pipelines.reproduce:cli_reproduce")
+    p.set_defaults(handler="pipelines.registry.reproduce:cli_reproduce")
 
     export_help = "write a self-contained copy of a model folder or registered version (LoRA: --merged, or with its base)"
     p = sub.add_parser("export", help=export_help, description=EXPORT_DESCRIPTION)
@@ -170,13 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--merged", action="store_true",
                    help="a LoRA adapter merged into its base: one full model folder (vLLM, transformers, llama.cpp)")
     _add_params(p)
-    p.set_defaults(handler="pipelines.export:cli_export")
+    p.set_defaults(handler="pipelines.registry.export:cli_export")
 
     p = sub.add_parser("ui", help="serve the MLflow UI on 127.0.0.1")
     p.add_argument("--port", type=int, default=5000, help="port (default 5000)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     _add_params(p)
-    p.set_defaults(handler="pipelines.ui:cli_ui")
+    p.set_defaults(handler="pipelines.flow.ui:cli_ui")
     return parser
 
 

@@ -5,10 +5,10 @@
     RunSummary    the run: what `grpoflow run` prints (summary.format_run_summary), the MLflow description
                   and the Prefect artifacts show; the `training-pipeline` flow's return value
 
-    Registration  the model version the register task made or found (pipelines/registry.py)
+    Registration  the model version the register task made or found (pipelines/registry/register.py)
     NotRegistered the register task's explicit skipped result, with the reason
     Decision      the promotion gate's decision, or a manual `grpoflow promote` / `rollback`
-                  (pipelines/promotion.py)
+                  (pipelines/registry/promotion.py)
 
 A failed stage crosses as its error (dvc_ops.StageFailed), whose message `failure_message` writes:
 the stage's own error line first (`stage_error`), then the exit code and the output's last lines.

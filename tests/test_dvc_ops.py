@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipelines import dvc_ops
+from pipelines.execution import dvc_ops
 
 STAGE = """\
 stages:

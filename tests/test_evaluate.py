@@ -287,11 +287,11 @@ def test_cli_malformed_data_fails_clearly(workspace, tmp_path, capsys):
 
 def test_cli_on_registered_model_matches_the_folder(workspace, tmp_path, capsys):
     """models:/NAME@ALIAS of a version registered by the project's own registration step
-    (pipelines.registry.register, as the pipeline does) answers as the folder it came from."""
+    (pipelines.registry.register.register, as the pipeline does) answers as the folder it came from."""
     import mlflow
 
     from components.common.tracking import configure
-    from pipelines.registry import register
+    from pipelines.registry.register import register
 
     src = workspace / "models/grpo"
     evaluated = workspace / "reports/registered"  # the evaluation registration needs beside the model

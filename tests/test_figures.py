@@ -1,4 +1,4 @@
-"""pipelines/figures.py log_figures: the run's images on its MLflow run, drawn once per content. A rerun
+"""pipelines/flow/figures.py log_figures: the run's images on its MLflow run, drawn once per content. A rerun
 with the same numbers logs the cached images (the same bytes, without importing matplotlib); new
 numbers draw new images, and the cache keeps only what the last run used.
 
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipelines.figures import log_figures
+from pipelines.flow.figures import log_figures
 
 METRICS = {"sft": {"accuracy_strict": 0.1, "accuracy_flexible": 0.2, "n": 40},
            "grpo": {"accuracy_strict": 0.3, "accuracy_flexible": 0.3, "n": 40}}
@@ -24,7 +24,7 @@ RERUN = """
 import json, sys
 from pathlib import Path
 import mlflow
-from pipelines.figures import log_figures
+from pipelines.flow.figures import log_figures
 run = mlflow.MlflowClient().create_run("0")
 print(json.dumps({"run": run.info.run_id, "logged": log_figures(mlflow.MlflowClient(), run.info.run_id,
       json.loads(sys.argv[1]), Path(sys.argv[2]), ["accuracy"], Path(sys.argv[3])),

@@ -1,4 +1,4 @@
-"""Flow-wiring tests for pipelines/training.py on a throw-away DVC repo with trivial stages
+"""Flow-wiring tests for pipelines/flow/pipeline.py on a throw-away DVC repo with trivial stages
 (tests/toy_repo.py): real DVC (repo, dvc.lock, local remote), real Prefect (its temporary
 local server, once for this process), real MLflow on SQLite with the registry.
 
@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.dvc_ops import LineLog, StageFailed, stage_order
-from pipelines.lineage import PipelineRun
+from pipelines.execution.dvc_ops import LineLog, StageFailed, stage_order
+from pipelines.flow.lineage import PipelineRun
+from pipelines.flow.pipeline import run_stage, training_pipeline
+from pipelines.flow.runlock import PipelineLocked, pipeline_lock
 from pipelines.params.config import ConfigError, write_overrides
-from pipelines.runlock import PipelineLocked, pipeline_lock
-from pipelines.training import run_stage, training_pipeline
 from tests.toy_repo import make_tiny_model, make_toy_repo, write_toy_params
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def test_pipeline_lock_waits_then_fails_naming_the_holder(tmp_path):
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
             sys.path.insert(0, {str(REPO)!r})
-            from pipelines.runlock import pipeline_lock
+            from pipelines.flow.runlock import pipeline_lock
             with pipeline_lock({str(tmp_path)!r}, 0):
                 print("held", flush=True)
                 time.sleep(float(sys.argv[1]))
@@ -268,14 +268,14 @@ def test_no_registration_when_dvc_push_failed(toy):
     assert s.push.startswith("failed")
     assert "dvc push failed" in s.registration.reason and s.decision is None
     assert mlflow.MlflowClient().search_model_versions("name = 'grpoflow-policy'") == []
-    from pipelines.summary import format_run_summary
+    from pipelines.flow.summary import format_run_summary
 
     assert "model: not registered (dvc push failed" in format_run_summary(s)
 
 
 def test_summary_names_the_evaluation_backend():
+    from pipelines.flow.summary import format_run_summary
     from pipelines.results import NotRegistered, RunSummary
-    from pipelines.summary import format_run_summary
 
     metrics = {
         name: {"backend": "vllm", "vllm_version": "0.32.0", "num_samples": 8, "sample_temperature": 0.8,
@@ -421,8 +421,8 @@ def test_summary_states_correctness_and_format_apart():
     more often right. The terminal summary and the MLflow description say so in words."""
     from components.evaluate import comparisons
     from components.evaluation.metrics import item_metrics as score
+    from pipelines.flow.summary import format_run_summary, summary_markdown
     from pipelines.results import NotRegistered, RunSummary
-    from pipelines.summary import format_run_summary, summary_markdown
 
     def items(right: int, tagged: int) -> list[dict[str, object]]:
         return [{"id": f"q{i}", "correct": i < min(right, tagged), "correct_flexible": i < right,

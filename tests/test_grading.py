@@ -1,4 +1,4 @@
-"""Tests of `grpoflow grade` (pipelines/grading.py): the round trip, malformed rows, and
+"""Tests of `grpoflow grade` (pipelines/evaluation/grading.py): the round trip, malformed rows, and
 agreement with correctness labels on solutions in the style of GSM8K's published model
 samples (openai/grade-school-math `example_model_solutions.jsonl`: per question a
 `ground_truth` and, per model, `{"is_correct", "solution"}` whose reasoning lines carry

@@ -1,4 +1,4 @@
-"""pipelines/group_watchdog.py: a stage command dies with the flow that started it, even under kill -9, and a
+"""pipelines/execution/group_watchdog.py: a stage command dies with the flow that started it, even under kill -9, and a
 group that outlived its guard is stopped by the next run (not an unrelated one)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.group_watchdog import group_members, stop_orphans
+from pipelines.execution.group_watchdog import group_members, stop_orphans
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
@@ -43,7 +43,7 @@ def test_guarded_command_dies_when_its_parent_is_killed(tmp_path):
         [sys.executable, "-c", textwrap.dedent(f"""
             import os, subprocess, sys, time
             env = {{**os.environ, "GRPOFLOW_STAGE_GROUP_FILE": {str(group_file)!r}}}
-            subprocess.Popen([sys.executable, "-m", "pipelines.group_watchdog", "sh", "-c", "sleep 300 & sleep 300; wait"],
+            subprocess.Popen([sys.executable, "-m", "pipelines.execution.group_watchdog", "sh", "-c", "sleep 300 & sleep 300; wait"],
                              env=env, cwd={str(REPO)!r})
             time.sleep(300)
             """)],
@@ -83,10 +83,10 @@ def test_next_run_stops_an_orphaned_group_in_its_checkout_only(tmp_path):
 def test_the_group_file_folder_need_not_exist(tmp_path):
     """A fresh working copy has no .dvc/tmp until DVC makes it: the guard creates the folder
     (regression: a stage placed on a work pool failed with FileNotFoundError)."""
-    from pipelines.group_watchdog import GROUP_FILE_ENV
+    from pipelines.execution.group_watchdog import GROUP_FILE_ENV
 
     group_file = tmp_path / "fresh" / ".dvc" / "tmp" / "grpoflow-stage.group"
     env = {**os.environ, GROUP_FILE_ENV: str(group_file), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "pipelines.group_watchdog", sys.executable, "-c", "print('ran')"],
+    proc = subprocess.run([sys.executable, "-m", "pipelines.execution.group_watchdog", sys.executable, "-c", "print('ran')"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr

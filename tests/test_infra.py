@@ -360,17 +360,17 @@ def test_prefect_yaml_pools_images_and_gpu_requests_agree():
 
 def test_stage_placement_dvc_stages_and_stage_deployments_agree():
     """One deployment per dvc.yaml stage and work pool kind, named as placement.<stage> finds it, running
-    pipelines/stage.py; a GPU only for the GPU stages."""
+    pipelines/execution/stage.py; a GPU only for the GPU stages."""
+    from pipelines.execution.stage import STAGE_FLOW
     from pipelines.params.config import PLACEMENTS, SECTIONS
-    from pipelines.stage import STAGE_FLOW
 
     placed = {f.name for f in __import__("dataclasses").fields(SECTIONS["placement"])}
     assert placed == set(dvc_stages())
     kinds = [k for k in PLACEMENTS if k != "local"]
     stage_deployments = {d["name"]: d for d in load_yaml(INFRA / "prefect.yaml")["deployments"]
-                         if d["entrypoint"] == "pipelines/stage.py:stage_flow"}
+                         if d["entrypoint"] == "pipelines/execution/stage.py:stage_flow"}
     assert set(stage_deployments) == {f"{s}-{k}" for s in dvc_stages() for k in kinds}
-    flow_name = ast_flow_name(REPO / "pipelines" / "stage.py", "stage_flow")
+    flow_name = ast_flow_name(REPO / "pipelines" / "execution" / "stage.py", "stage_flow")
     assert flow_name == STAGE_FLOW
     pools = {"process": "grpoflow-process", "docker": "grpoflow-docker", "kubernetes": "grpoflow-kubernetes"}
     for stage in dvc_stages():

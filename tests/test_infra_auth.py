@@ -59,8 +59,8 @@ def test_anonymous_clients_are_turned_away_and_the_pipeline_logs_in(mlflow_with_
 
     from components.common.tracking import configure
     from pipelines.params.config import load_params
-    from pipelines.promotion import gate
-    from pipelines.registry import register
+    from pipelines.registry.promotion import gate
+    from pipelines.registry.register import register
     from tests.toy_repo import make_tiny_model
 
     make_tiny_model(tmp_path / "repo" / "models" / "grpo")

@@ -370,8 +370,8 @@ def write_outputs(root: Path, correct: list[bool], lock_text: str) -> None:
 
 def pipeline_register_and_promote(params, root: Path) -> tuple[dict, dict]:
     """The training flow's tail, step by step: parent run → lineage → register → promote."""
-    from pipelines.lineage import parent_run
-    from pipelines.training import promote_model, record_lineage, register_model
+    from pipelines.flow.lineage import parent_run
+    from pipelines.flow.pipeline import promote_model, record_lineage, register_model
 
     with parent_run(params, root) as run:
         lineage = record_lineage.fn(run, [], params)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.lineage import (
+from pipelines.flow.lineage import (
     _VLLM_VERSION,
     EVAL_BACKEND_TAG,
     VLLM_VERSION_TAG,

@@ -18,7 +18,7 @@ import yaml
 from components import grpo, sft
 from components.evaluation import scoring
 from components.training import finetune, precision
-from pipelines import presets
+from pipelines.params import presets
 from pipelines.params.config import ConfigError, load_params, write_overrides
 
 REPO = Path(__file__).resolve().parents[1]

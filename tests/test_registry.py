@@ -1,4 +1,4 @@
-"""Tests for pipelines/registry.py on a real MLflow SQLite registry with a tiny real model:
+"""Tests for pipelines/registry/register.py on a real MLflow SQLite registry with a tiny real model:
 registration (idempotent on the dvc.lock md5, loads back with the transformers flavour,
 explicit pip requirements), the paired promotion gate, forced promotion and rollback.
 
@@ -16,8 +16,8 @@ from components.common.errors import InputError, RegistryError
 from components.common.tracking import configure
 from components.evaluation.reports import read_items
 from pipelines.params.config import load_params
-from pipelines.promotion import compare_with_champion, force_promote, gate, rollback
-from pipelines.registry import CHALLENGER, CHAMPION, DECISION_TAG, PREVIOUS_TAG, register
+from pipelines.registry.promotion import compare_with_champion, force_promote, gate, rollback
+from pipelines.registry.register import CHALLENGER, CHAMPION, DECISION_TAG, PREVIOUS_TAG, register
 from tests.toy_repo import make_tiny_model
 
 
@@ -213,7 +213,7 @@ def test_alias_moves_only_if_the_champion_is_unchanged(repo, monkeypatch):
     alias, this one aborts instead of overwriting it."""
     import mlflow
 
-    from pipelines import promotion
+    from pipelines.registry import promotion
 
     params = load_params()
     configure(params)
@@ -336,7 +336,7 @@ def test_the_decision_kinds_are_the_ones_produced():
     import ast
     import typing
 
-    from pipelines import promotion
+    from pipelines.registry import promotion
     from pipelines.results import DecisionKind
 
     tree = ast.parse(Path(promotion.__file__).read_text())

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from pipelines import cli
-from pipelines.training import training_pipeline
+from pipelines.flow.pipeline import training_pipeline
 from tests.toy_repo import make_tiny_model, make_toy_repo, write_toy_params
 
 

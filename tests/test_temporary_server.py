@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = """
 import json, sys
-from pipelines.runtime import TemporaryServer, prefect_env_defaults
+from pipelines.execution.runtime import TemporaryServer, prefect_env_defaults
 prefect_env_defaults()
 server = TemporaryServer.launch()
 launched = server.proc.pid

@@ -198,8 +198,8 @@ def test_stage_run_in_a_child_process_finds_parent(repo, monkeypatch):
 def test_summary_links_to_the_tracking_servers_own_ui():
     import dataclasses
 
+    from pipelines.flow.summary import format_run_summary
     from pipelines.results import NotRegistered, RunSummary
-    from pipelines.summary import format_run_summary
 
     summary = RunSummary(name="", run_id="r1", experiment_id="3", tracking_uri="", pull="skipped", push="skipped",
                          stages=[], metrics={}, comparison={}, registration=NotRegistered("register.enabled is false"), decision=None, reports={})

@@ -53,7 +53,7 @@ from components.models.modelio import (  # noqa: F401 (ADAPTER_WEIGHTS, is_adapt
 log = logging.getLogger("grpoflow.adapters")
 
 ADAPTER_FILE = "grpoflow_adapter.json"
-# The tags of a registered adapter version that name its base (pipelines/registry.py writes them).
+# The tags of a registered adapter version that name its base (pipelines/registry/register.py writes them).
 BASE_URI_TAG = "lineage.base_model"  # models:/<name>-base/<version>
 BASE_SHA_TAG = "lineage.base_weights_sha256"
 CACHE_ENV = "GRPOFLOW_CACHE"  # where fetched bases are kept, by weights hash (default ~/.cache/grpoflow)

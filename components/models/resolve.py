@@ -138,7 +138,7 @@ def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, para
         if model_dir is None:
             raise EvaluationError(
                 f"model {spec}: no Hugging Face model folder (config.json + *.safetensors) in its artifacts at {local}; "
-                "register models with the transformers flavour (pipelines/registry.py does)"
+                "register models with the transformers flavour (pipelines/registry/register.py does)"
             )
         tok_dir = (
             model_dir

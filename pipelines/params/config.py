@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import textwrap
+from pathlib import Path
 
 import yaml
 
@@ -38,6 +39,7 @@ from components.common.params import (
     TrackingParams,
 )
 from components.common.params_load import apply_override, load_params, params_in, parse_override
+from components.common.tracking import check_reachable, resolve_tracking_uri
 from pipelines.params.help import HELP
 from pipelines.params.overrides import REMOTE_OVERRIDES, check_remote_overrides, write_overrides
 
@@ -47,6 +49,14 @@ __all__ = [
     "load_params", "params_in", "parse_override", "apply_override", "add_params_args", "stage_main",
     "write_overrides", "check_remote_overrides", "REMOTE_OVERRIDES", "describe",
 ]
+
+
+def load_checked(args: argparse.Namespace, root: Path | None = None) -> Params:
+    """A command's params (its --params file or the repo's, with -S overrides) and a tracking server
+    that answers, or a GrpoflowError: what every command that talks to MLflow checks before any work."""
+    params = load_params(params_in(root) if root else args.params, args.overrides)
+    check_reachable(resolve_tracking_uri(params, root))
+    return params
 
 
 def describe(params: Params, width: int = 100) -> str:

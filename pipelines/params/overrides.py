@@ -1,6 +1,6 @@
 """Flow-only params code: the `-S` writer that puts a run's overrides into params.yaml (as
 `dvc exp run -S` does, so that DVC sees them), and the allow-list of keys a run started through a
-deployment (remotely) may override. Used by `grpoflow run` (pipelines/training.py) and tests; no
+deployment (remotely) may override. Used by `grpoflow run` (pipelines/flow/pipeline.py) and tests; no
 stage imports it, so neither is a stage's dvc.yaml dep.
 """
 

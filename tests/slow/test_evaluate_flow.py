@@ -1,4 +1,4 @@
-"""The `evaluation` Prefect flow (pipelines/evaluation.py) on a tiny local model: real Prefect
+"""The `evaluation` Prefect flow (pipelines/evaluation/any_model.py) on a tiny local model: real Prefect
 (its temporary local server), real MLflow on SQLite, the transformers backend.
 
     pytest -q tests/slow/test_evaluate_flow.py
@@ -26,7 +26,7 @@ def test_evaluation_flow_evaluates_a_model_and_logs_a_run(tmp_path, monkeypatch)
     from components import data
     from components import model as model_stage
     from components.models.modelio import save_model
-    from pipelines.evaluation import evaluation_pipeline
+    from pipelines.evaluation.any_model import evaluation_pipeline
 
     data.write_splits(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=40, synthetic_test_size=6))
     cfg = ModelParams(

@@ -25,7 +25,7 @@ DEADLINE_S = 180.0
 
 FLOW = """
 import sys
-from pipelines.runtime import start_prefect_server
+from pipelines.execution.runtime import start_prefect_server
 start_prefect_server().join()
 from prefect import flow
 from prefect.server.api.server import SubprocessASGIServer

@@ -62,7 +62,7 @@ def ui(tmp_path):
 def test_compare_view_and_champion_alias_in_a_browser(tmp_path, ui, monkeypatch):
     import mlflow
 
-    from pipelines.training import training_pipeline
+    from pipelines.flow.pipeline import training_pipeline
 
     toy = make_toy_repo(tmp_path / "repo", make_tiny_model(tmp_path / "model"))
     monkeypatch.chdir(toy)

@@ -5,8 +5,8 @@ and writes them into params.yaml as `-S` does (so DVC sees them); `-S` given wit
 and wins. A preset file holds `description`, `memory` (measured, or marked as an estimate) and
 `params` (the same layout as params.yaml; a nested mapping sets only the keys it names).
 
-    python -m pipelines.presets                       # list the presets
-    python -m pipelines.presets smollm2-135m-cpu      # the overrides a preset applies
+    python -m pipelines.params.presets                       # list the presets
+    python -m pipelines.params.presets smollm2-135m-cpu      # the overrides a preset applies
 """
 
 from __future__ import annotations

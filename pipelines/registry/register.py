@@ -12,7 +12,7 @@ It logs the evaluation reports next to the model and creates a version of
 the base/SFT/GRPO table. The version is created in one call with all
 its tags; `lineage.dvc_lock_md5` is the idempotency key: a pipeline whose dvc.lock did not change
 makes no new version. The new version gets the alias `challenger`; the `promote` step
-(pipelines/promotion.py) decides whether it becomes `champion`.
+(pipelines/registry/promotion.py) decides whether it becomes `champion`.
 """
 
 from __future__ import annotations

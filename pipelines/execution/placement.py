@@ -4,7 +4,7 @@ hands a stage to a work pool.
 `local` runs the stage in the flow's checkout, as `dvc repro --single-item` in a subprocess.
 `process`, `docker` or `kubernetes` submit it with Prefect's `run_deployment` to the deployment
 `grpoflow-stage/<stage>-<kind>` (infra/prefect.yaml) and wait: a worker of that pool runs
-pipelines/stage.py in a clean working copy of the checkout's commit, with the flow's params.yaml
+pipelines/execution/stage.py in a clean working copy of the checkout's commit, with the flow's params.yaml
 and dvc.lock. What travels: code by git commit (or the image of that commit), params and the
 lock as parameters, data and models through the DVC remote (outputs and run cache), metrics and
 the stage's result through the shared MLflow server. The stage's dvc.lock entry comes back and is
@@ -19,10 +19,10 @@ from typing import Any
 
 from components.common.errors import ConfigError
 from components.common.params import Params
-from pipelines import dvc_ops
-from pipelines.dvc_ops import StageFailed, default_remote, entry_md5, stage_env
-from pipelines.gitrepo import changed_files, head_commit
-from pipelines.lineage import PipelineRun
+from pipelines.execution import dvc_ops
+from pipelines.execution.dvc_ops import StageFailed, default_remote, entry_md5, stage_env
+from pipelines.execution.gitrepo import changed_files, head_commit
+from pipelines.flow.lineage import PipelineRun
 from pipelines.results import StageResult
 
 
@@ -64,11 +64,11 @@ def merge_lock_entry(root: str | Path, stage: str, entry: dict[str, Any]) -> Non
 
 
 def _result(run: PipelineRun, stage: str, commit: str) -> dict[str, Any]:
-    """The stage's result, which pipelines/stage.py logged on its MLflow run."""
+    """The stage's result, which pipelines/execution/stage.py logged on its MLflow run."""
     import mlflow
 
     from components.common.tracking import STAGE_TAG, TAG_PREFIX
-    from pipelines.stage import RESULT_ARTIFACT
+    from pipelines.execution.stage import RESULT_ARTIFACT
 
     client = mlflow.MlflowClient()
     exp = client.get_run(run.run_id).info.experiment_id
@@ -85,7 +85,7 @@ def submit(stage: str, kind: str, run: PipelineRun) -> StageResult:
     """Run `stage` on the `kind` pool through its deployment; wait; merge its lock entry; pull its outputs."""
     from prefect.deployments import run_deployment
 
-    from pipelines.stage import STAGE_FLOW
+    from pipelines.execution.stage import STAGE_FLOW
 
     root = Path(run.root)
     commit = head_commit(root)

@@ -59,7 +59,7 @@ from components.common.tracking import (
     resolve_tracking_uri,
 )
 from components.evaluation.reports import read_metrics
-from pipelines.gitrepo import git_state
+from pipelines.execution.gitrepo import git_state
 from pipelines.results import StageResult
 
 FLOW_NAME = "training-pipeline"
@@ -358,7 +358,7 @@ def version_tags(lineage: dict[str, str], run: PipelineRun) -> dict[str, str]:
     dirty flag, dvc.lock md5, data hashes and the Prefect flow run."""
     import mlflow
 
-    from pipelines.registry import LINEAGE
+    from pipelines.registry.register import LINEAGE
 
     tags = {**mlflow.MlflowClient().get_run(run.run_id).data.tags, **lineage}
     wanted = (f"{TAG_PREFIX}git_commit", f"{TAG_PREFIX}git_dirty", FLOW_RUN_TAG, DVC_LOCK_TAG)

@@ -106,10 +106,10 @@ def cli_deploy(args: argparse.Namespace) -> int:
 
 def cli_schedule(args: argparse.Namespace) -> int:
     """`grpoflow schedule --cron EXPR`: run the training flow from this process on a cron schedule
-    (Prefect's `flow.serve`; `grpoflow serve` serves a model, pipelines/serving.py)."""
+    (Prefect's `flow.serve`; `grpoflow serve` serves a model, pipelines/registry/serving.py)."""
+    from pipelines.execution.runtime import prefect_env_defaults, start_prefect_server
+    from pipelines.flow.pipeline import training_pipeline
     from pipelines.params.config import ConfigError, load_params
-    from pipelines.runtime import prefect_env_defaults, start_prefect_server
-    from pipelines.training import training_pipeline
 
     prefect_env_defaults()
     root = repo_root()

@@ -8,7 +8,7 @@ It runs `mlflow server` on the resolved tracking URI (MLFLOW_TRACKING_URI, else
 experiments' artifacts under `tracking.artifact_location`. When the tracking URI is
 already a server (http[s]://), there is nothing to start: it prints that address.
 
-The server (mlflow, its uvicorn supervisor and worker) runs under `pipelines.group_watchdog`, in a process
+The server (mlflow, its uvicorn supervisor and worker) runs under `pipelines.execution.group_watchdog`, in a process
 group that stops with `grpoflow ui`: Ctrl-C, SIGTERM (a service manager, `kill`) or even SIGKILL
 leave no server behind holding the port. MLflow's job runner (GenAI jobs) is off unless
 MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true.
@@ -49,7 +49,7 @@ def cli_ui(args: argparse.Namespace) -> int:
         # which training runs do not use; without it the UI starts sooner. Set it to true to have it.
         "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": os.environ.get("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false"),
     }
-    guard = subprocess.Popen([sys.executable, "-m", "pipelines.group_watchdog", *cmd], env=env)
+    guard = subprocess.Popen([sys.executable, "-m", "pipelines.execution.group_watchdog", *cmd], env=env)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return guard.wait()

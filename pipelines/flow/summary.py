@@ -29,7 +29,7 @@ from components.evaluation.reports import (
     read_comparison,
     read_metrics,
 )
-from pipelines.lineage import PipelineRun, run_name
+from pipelines.flow.lineage import PipelineRun, run_name
 from pipelines.results import Decision, NotRegistered, Registration, RunSummary, StageResult
 
 SUMMARY_KEYS = ("accuracy_strict", "accuracy_flexible", "format_rate", "sampled_accuracy_strict", "pass_at_k_strict",
@@ -246,7 +246,7 @@ def publish_mlflow(run: PipelineRun, s: RunSummary, params: Params) -> list[str]
     """Name, description and figures of the parent run; returns the figures' artifact paths."""
     import mlflow
 
-    from pipelines.figures import CACHE_DIR, log_figures
+    from pipelines.flow.figures import CACHE_DIR, log_figures
 
     client = mlflow.MlflowClient()
     client.update_run(s.run_id, name=s.name)
@@ -276,7 +276,7 @@ def task_seconds(parent_run_id: str) -> list[tuple[str, float]]:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.sorting import TaskRunSort
 
-    from pipelines.lineage import FLOW_RUN_TAG
+    from pipelines.flow.lineage import FLOW_RUN_TAG
 
     flow_run_id = mlflow.MlflowClient().get_run(parent_run_id).data.tags.get(FLOW_RUN_TAG)
     if not flow_run_id:

@@ -36,8 +36,8 @@ from prefect.cache_policies import NO_CACHE
 from components.common.params import Params
 from components.common.params_load import load_params, params_in
 from components.common.tracking import repo_root
-from pipelines import dvc_ops, lineage
-from pipelines.dvc_ops import (
+from pipelines.execution import dvc_ops
+from pipelines.execution.dvc_ops import (
     StageFailed,
     TransientError,
     default_remote,
@@ -50,13 +50,14 @@ from pipelines.dvc_ops import (
     stage_order,
     stage_status,
 )
-from pipelines.lineage import FLOW_NAME, PipelineRun, failure_recorded, flow_run_name, parent_run
+from pipelines.execution.placement import submit
+from pipelines.execution.runtime import prefect_api_log
+from pipelines.flow import lineage
+from pipelines.flow.lineage import FLOW_NAME, PipelineRun, failure_recorded, flow_run_name, parent_run
+from pipelines.flow.runlock import pipeline_lock
+from pipelines.flow.summary import links, publish_failure, publish_mlflow, run_summary, summary_markdown
 from pipelines.params.overrides import check_remote_overrides, write_overrides
-from pipelines.placement import submit
 from pipelines.results import Decision, NotRegistered, Registration, RunSummary, StageResult, failure_message
-from pipelines.runlock import pipeline_lock
-from pipelines.runtime import prefect_api_log
-from pipelines.summary import links, publish_failure, publish_mlflow, run_summary, summary_markdown
 
 __all__ = ["training_pipeline", "StageFailed", "TransientError"]
 
@@ -110,7 +111,7 @@ def dvc_pull(run: PipelineRun, unchanged: bool = False) -> str:
 def run_stage(stage: str, run: PipelineRun, placement: str = "local", unchanged: bool = False) -> StageResult:
     """`dvc repro --single-item STAGE` (with `--pull` when there is a remote: a run the run cache
     knows is restored from it); ran, restored or skipped is read off DVC's output and dvc.lock.
-    A stage placed on a work pool runs there instead (pipelines/placement.py). When `dvc status`
+    A stage placed on a work pool runs there instead (pipelines/execution/placement.py). When `dvc status`
     found nothing changed, the stage is skipped without starting DVC (it would skip it too)."""
     if unchanged:
         return StageResult(stage, "skipped", 0.0, entry_md5(lock_entry(run.root, stage)))
@@ -164,7 +165,7 @@ def register_model(
         return NotRegistered("register.enabled is false")
     if pushed.startswith("failed"):
         return NotRegistered(f"dvc push failed, so the outputs are not in the remote ({pushed})")
-    from pipelines.registry import register
+    from pipelines.registry.register import register
 
     return register(params, lineage.version_tags(lineage_tags, run), run.run_id, run.root)
 
@@ -174,7 +175,7 @@ def promote_model(params: Params, registration: Registration | NotRegistered, ru
     """The promotion gate: champion moves to the new version only if it is significantly better."""
     if isinstance(registration, NotRegistered):
         return None
-    from pipelines.promotion import gate, print_decision
+    from pipelines.registry.promotion import gate, print_decision
 
     decision = gate(params, registration, run.root)
     print_decision(decision)

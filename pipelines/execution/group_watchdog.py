@@ -1,7 +1,7 @@
 """Run a command in a process group of its own that dies with the process that started it.
 
-    python -m pipelines.group_watchdog COMMAND [ARGS...]
-    python -m pipelines.group_watchdog --poll-parent COMMAND [ARGS...]
+    python -m pipelines.execution.group_watchdog COMMAND [ARGS...]
+    python -m pipelines.execution.group_watchdog --poll-parent COMMAND [ARGS...]
 
 The flow runs every `dvc` command through this watchdog. A flow killed with SIGKILL gets no chance
 to stop its children, and a `dvc repro` left running would hold DVC's lock and keep writing the
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     poll_parent = bool(argv) and argv[0] == "--poll-parent"
     argv = argv[1:] if poll_parent else argv
     if not argv:
-        print("usage: python -m pipelines.group_watchdog [--poll-parent] COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: python -m pipelines.execution.group_watchdog [--poll-parent] COMMAND [ARGS...]", file=sys.stderr)
         return 2
     parent = os.getppid()
     if not poll_parent:

@@ -2,7 +2,7 @@
 
 A second run waits up to `tracking.run_lock_timeout` seconds, then fails naming the holder
 (pid, host, start time). The lock is an flock: it is released when its holder exits, however
-it exits. Its stage processes die with it (pipelines/group_watchdog.py); a group that outlived its guard
+it exits. Its stage processes die with it (pipelines/execution/group_watchdog.py); a group that outlived its guard
 is stopped by the next run once it holds the lock.
 """
 
@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipelines.dvc_ops import STAGE_GROUP_FILE
-from pipelines.group_watchdog import stop_orphans
+from pipelines.execution.dvc_ops import STAGE_GROUP_FILE
+from pipelines.execution.group_watchdog import stop_orphans
 
 LOCK_FILE = ".dvc/tmp/grpoflow-pipeline.lock"
 

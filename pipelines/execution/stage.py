@@ -1,5 +1,5 @@
 """One stage anywhere the image runs: `grpoflow stage NAME --commit SHA`, and the `grpoflow-stage`
-flow that infra/prefect.yaml's per-stage deployments run (pipelines/placement.py submits them).
+flow that infra/prefect.yaml's per-stage deployments run (pipelines/execution/placement.py submits them).
 
     grpoflow stage sft --commit 3f2c1ab --params-file params.yaml --lock-file dvc.lock \\
         --remote /shared/dvc-remote --parent-run-id RUN_ID
@@ -15,6 +15,8 @@ working copy, host and process it ran in and whose artifact `stage_result.json` 
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
 import socket
@@ -28,8 +30,8 @@ from prefect import flow
 from components.common.errors import GrpoflowError
 from components.common.files import repo_root, write_text
 from components.common.tracking import STAGE_TAG, TAG_PREFIX
-from pipelines import dvc_ops
-from pipelines.dvc_ops import (
+from pipelines.execution import dvc_ops
+from pipelines.execution.dvc_ops import (
     StageFailed,
     entry_md5,
     lock_entry,
@@ -38,7 +40,7 @@ from pipelines.dvc_ops import (
     stage_status,
     upstream_stages,
 )
-from pipelines.gitrepo import working_copy
+from pipelines.execution.gitrepo import working_copy
 from pipelines.results import failure_message
 
 STAGE_FLOW = "grpoflow-stage"
@@ -135,3 +137,14 @@ def stage_flow(
 ) -> dict[str, Any]:
     """One dvc.yaml stage in a clean working copy of `commit` (what the per-stage deployments run)."""
     return run_stage_here(stage, commit, params_yaml, dvc_lock, remote_url, parent_run_id, tracking_uri)
+
+
+def cli_stage(args: argparse.Namespace) -> int:
+    """`grpoflow stage NAME --commit SHA ...`: run one stage here; prints its result as JSON."""
+    result = run_stage_here(
+        args.name, args.commit, Path(args.params_file).read_text(),
+        Path(args.lock_file).read_text() if args.lock_file else "", args.remote, args.parent_run_id,
+        args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", ""), workdir=args.workdir, keep=args.keep,
+    )
+    print(json.dumps(result, indent=2, sort_keys=True))
+    return 0

@@ -14,8 +14,8 @@ is printed and recorded (report key and MLflow tag `fewshot_source`):
     grpoflow evaluate --model models/grpo                           # any folder or models:/NAME@ALIAS
     grpoflow evaluate --model http://127.0.0.1:8000/v1 --limit 20   # a served model (grpoflow serve)
     grpoflow evaluate --model models:/grpoflow-policy@champion --data hf:openai/gsm8k:main --protocol lm-eval-gsm8k
-    python -m pipelines.evaluation --model models:/grpoflow-policy@champion --limit 100
-    python -m pipelines.evaluation --model models:/grpoflow-policy@champion \\
+    python -m pipelines.evaluation.any_model --model models:/grpoflow-policy@champion --limit 100
+    python -m pipelines.evaluation.any_model --model models:/grpoflow-policy@champion \\
         --data hf:openai/gsm8k:main --protocol lm-eval-gsm8k
 """
 
@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -42,7 +44,7 @@ from components.evaluation.reports import log_to_mlflow, write_reports
 from components.evaluation.scoring import data_source, evaluate_model, fewshot_source
 from components.models.resolve import resolve_model
 from components.problems.sources import load_problems
-from pipelines.params.config import add_params_args, load_params
+from pipelines.params.config import add_params_args, load_checked, load_params
 
 
 def _slug(spec: str) -> str:
@@ -148,9 +150,24 @@ def evaluation_pipeline(
     return evaluate_task(params, model, data, protocol, backend, limit, output)
 
 
+def cli_evaluate(args: argparse.Namespace) -> int:
+    """`grpoflow evaluate`: one model (folder or MLflow URI) on a data source; prints the metrics JSON."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    metrics = evaluate_one(
+        load_checked(args), args.model, data=args.data, protocol=args.protocol, backend=args.backend,
+        limit=args.limit, output=args.output,
+    )
+    from components.evaluation.reports import steps_table
+
+    print(steps_table(metrics), file=sys.stderr, flush=True)  # stdout stays one JSON object
+    print(json.dumps(metrics, indent=2, sort_keys=True))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pipelines.evaluation", description=__doc__.split("\n")[0]
+        prog="python -m pipelines.evaluation.any_model", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "--model", default="models:/grpoflow-policy@champion", help="folder or models:/NAME@ALIAS"

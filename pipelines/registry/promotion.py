@@ -24,12 +24,14 @@ champion read at the start is still the champion just before the move.
 
 from __future__ import annotations
 
+import argparse
 import getpass
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,8 @@ from components.common.params import Params
 from components.common.tracking import repo_root, resolve_tracking_uri
 from components.evaluation.reports import ITEM_COLUMNS, headline, item_column, read_item_rows
 from components.problems.bands import band_label, in_band, parse_band
-from pipelines.registry import (
+from pipelines.params.config import load_checked
+from pipelines.registry.register import (
     CHALLENGER,
     CHAMPION,
     DECISION_TAG,
@@ -317,3 +320,18 @@ def rollback(params: Params, name: str) -> Decision:
 
 def print_decision(d: Decision, file=None) -> None:
     print(f"promotion: {d.name} v{d.version}: {d.decision} — {d.reason}", file=file or sys.stdout)
+
+
+def _registry_command(args: argparse.Namespace, action: Callable[[Params], Decision]) -> int:
+    print_decision(action(load_checked(args)))
+    return 0
+
+
+def cli_promote(args: argparse.Namespace) -> int:
+    """`grpoflow promote NAME VERSION --reason TEXT`."""
+    return _registry_command(args, lambda p: force_promote(p, args.name, str(args.version), args.reason))
+
+
+def cli_rollback(args: argparse.Namespace) -> int:
+    """`grpoflow rollback NAME`."""
+    return _registry_command(args, lambda p: rollback(p, args.name))

@@ -36,8 +36,8 @@ from components.common.files import json_bytes, repo_root, write_files
 from components.common.params import Params
 from components.common.tracking import TAG_PREFIX, configure, is_timing, package_versions
 from components.evaluation.reports import read_metrics
-from pipelines.dvc_ops import default_remote, stage_env
-from pipelines.gitrepo import has_commit, working_copy
+from pipelines.execution.dvc_ops import default_remote, stage_env
+from pipelines.execution.gitrepo import has_commit, working_copy
 from pipelines.params.config import load_params
 
 METRIC_TAG = "metric."
@@ -133,7 +133,7 @@ def caveats(version_tags: dict[str, str], run_tags: dict[str, str], params: Para
     recorded = {k[len(VERSION_TAG) :]: v for k, v in run_tags.items() if k.startswith(VERSION_TAG)}
     here = package_versions(tuple(recorded))
     if "vllm" in recorded and params is not None:  # the vLLM evaluation runs on, maybe in its own venv
-        from pipelines.lineage import vllm_engine_version
+        from pipelines.flow.lineage import vllm_engine_version
 
         here["vllm"] = vllm_engine_version(params.evaluate.vllm_python)
     differ = [f"{p} {v} (run) vs {here[p]} (here)" for p, v in sorted(recorded.items()) if here[p] != v]

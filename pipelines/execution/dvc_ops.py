@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from components.common.tracking import PARENT_ENV
-from pipelines.group_watchdog import GROUP_FILE_ENV
-from pipelines.runtime import TELEMETRY_OFF
+from pipelines.execution.group_watchdog import GROUP_FILE_ENV
+from pipelines.execution.runtime import TELEMETRY_OFF
 
 STAGE_GROUP_FILE = ".dvc/tmp/grpoflow-stage.group"  # the process group of the running dvc command
 PUSHED_FILE = ".dvc/tmp/grpoflow-pushed"  # dvc.lock's md5 and the remote of the last successful push
@@ -245,9 +245,9 @@ def run_dvc(
     """Run `dvc ARGS`, streaming its output (progress bars included); returns (rc, output tail).
     With `log`, whole lines go there too (LineLog; a running progress bar every `log_every_s` s).
 
-    DVC runs under pipelines/group_watchdog.py: in a process group of its own that is stopped when this
+    DVC runs under pipelines/execution/group_watchdog.py: in a process group of its own that is stopped when this
     process dies, however it dies, and recorded in STAGE_GROUP_FILE for the next run."""
-    cmd = [sys.executable, "-m", "pipelines.group_watchdog", sys.executable, "-m", "dvc", *args]
+    cmd = [sys.executable, "-m", "pipelines.execution.group_watchdog", sys.executable, "-m", "dvc", *args]
     env = {**env, GROUP_FILE_ENV: str(Path(root) / STAGE_GROUP_FILE)}
     tail: collections.deque[str] = collections.deque(maxlen=60)
     try:
@@ -302,7 +302,7 @@ def pull(
 
 
 def _tracked(command: str, root, env, stages, log, tail: str) -> tuple[int, str]:
-    proc = subprocess.run([sys.executable, "-m", "pipelines.dvc_ops", command, *stages], cwd=str(root),
+    proc = subprocess.run([sys.executable, "-m", "pipelines.execution.dvc_ops", command, *stages], cwd=str(root),
                           env=env, capture_output=True, text=True)
     out = (proc.stdout + proc.stderr).strip()
     if out:
@@ -371,8 +371,8 @@ def is_transient(tail: str) -> bool:
     return any(m in tail for m in TRANSIENT_MARKERS)
 
 
-if __name__ == "__main__":  # `python -m pipelines.dvc_ops push-tracked|pull-tracked [STAGE...]` (push(), pull())
+if __name__ == "__main__":  # `python -m pipelines.execution.dvc_ops push-tracked|pull-tracked [STAGE...]` (push(), pull())
     commands = {"push-tracked": _push_tracked, "pull-tracked": _pull_tracked}
     if sys.argv[1:2] == [] or sys.argv[1] not in commands:
-        sys.exit("usage: python -m pipelines.dvc_ops push-tracked|pull-tracked [STAGE...]")
+        sys.exit("usage: python -m pipelines.execution.dvc_ops push-tracked|pull-tracked [STAGE...]")
     sys.exit(commands[sys.argv[1]](sys.argv[2:]))

@@ -7,7 +7,7 @@
                                settings at it (unless a Prefect profile names a server)
     start_prefect_server()     Prefect's own temporary server object booted in the background (the
                                long-lived `grpoflow schedule` process)
-                               Both servers run under pipelines.group_watchdog and die with this process, even
+                               Both servers run under pipelines.execution.group_watchdog and die with this process, even
                                when it is killed with SIGKILL (Prefect's own stops it only at exit)
     prefect_api_log()          a function that sends a line to the current Prefect run's log (the UI)
                                and not to the terminal, which shows the stages' own output already
@@ -53,9 +53,9 @@ LAUNCH_ATTEMPTS = 3  # a port taken between choosing it and uvicorn binding it: 
 
 def prefect_server_command(port: int, prefect_dir: str, poll_parent: bool = False) -> list[str]:
     """Prefect's command for its temporary server (SubprocessASGIServer._run_uvicorn_command), watched
-    by pipelines.group_watchdog (`--poll-parent` when started from a thread that ends before the process)."""
+    by pipelines.execution.group_watchdog (`--poll-parent` when started from a thread that ends before the process)."""
     return [
-        sys.executable, "-m", "pipelines.group_watchdog", *(["--poll-parent"] if poll_parent else []),
+        sys.executable, "-m", "pipelines.execution.group_watchdog", *(["--poll-parent"] if poll_parent else []),
         sys.executable, "-m", "uvicorn", "--app-dir", prefect_dir,
         "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
         "--log-level", "error", "--lifespan", "on",
@@ -69,7 +69,7 @@ class TemporaryServer:
     `prefect.server.api.server` in the caller (seconds, holding the GIL). This one is started with
     Prefect's command before Prefect is imported at all, so it boots while the run imports Prefect,
     MLflow and DVC; `use()` then makes it the API server of Prefect's settings, as if PREFECT_API_URL
-    named it. It is started from the main thread under pipelines.group_watchdog, which dies with this
+    named it. It is started from the main thread under pipelines.execution.group_watchdog, which dies with this
     process (PR_SET_PDEATHSIG) and stops the server, even after SIGKILL; at a normal exit it is stopped
     after Prefect has sent its last logs (this exit hook is registered before Prefect's)."""
 
@@ -184,7 +184,7 @@ def start_prefect_server() -> threading.Thread | None:
 
 def guarded_server():
     """Prefect's temporary server object (the one its client uses when PREFECT_API_URL is unset), its
-    uvicorn process started under `pipelines.group_watchdog --poll-parent`.
+    uvicorn process started under `pipelines.execution.group_watchdog --poll-parent`.
 
     Prefect starts the server as a plain child and stops it from an exit hook, which SIGKILL (the
     OOM killer, `kill -9`) skips: the server then runs on, holding a port, forever. Under the watchdog
