@@ -9,21 +9,27 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.params.config import SECTIONS, ConfigError, load_params, parse_override
-from pipelines.params.help import HELP
+from pipelines.params.config import SECTIONS, ConfigError, Params, load_params, parse_override, read_help
 
 REPO = Path(__file__).resolve().parents[1]
+HELP = read_help((REPO / "params.yaml").read_text())
+FIELDS = [f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
 
 
 def test_repo_params_load_and_match_dataclass_defaults():
+    """params.yaml spells out every field of the schema (components/common/params.py) with the value the
+    code uses when the key is left out: a value changed in one place and not the other fails here."""
     params = load_params(REPO / "params.yaml")
+    defaults = Params(**{name: cls() for name, cls in SECTIONS.items()})  # the fields' own defaults
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     assert set(raw) == set(SECTIONS)
     for name, cls in SECTIONS.items():
-        section = getattr(params, name)
-        assert isinstance(section, cls)
-        # params.yaml spells out every field of the schema (components/common/params.py).
+        assert isinstance(getattr(params, name), cls)
         assert set(raw[name]) == {f.name for f in dataclasses.fields(cls)}, name
+    differ = {f"{name}.{key}": (value, getattr(getattr(defaults, name), key))
+              for name, section in params.to_dict().items() for key, value in section.items()
+              if value != getattr(getattr(defaults, name), key)}
+    assert differ == {}, "params.yaml value, code default"
 
 
 def test_config_command_explains_every_key_as_yaml():
@@ -38,18 +44,7 @@ def test_config_command_explains_every_key_as_yaml():
     ).stdout
     expected = load_params(None, ["grpo.beta=0.0", "sft.trainer.max_steps=7"])
     assert yaml.safe_load(out) == expected.to_dict()
-    explained, section, comment = {}, None, []
-    for line in out.splitlines():
-        if re.match(r"^\w+:$", line):
-            section = line[:-1]
-        elif line.startswith("  # "):
-            comment.append(line[4:])
-        elif m := re.match(r"^  (\w+):", line):
-            explained[f"{section}.{m.group(1)}"], comment = " ".join(comment), []
-    assert explained == {
-        f"{name}.{f.name}": " ".join(HELP[f"{name}.{f.name}"].split()) for name, cls in SECTIONS.items()
-        for f in dataclasses.fields(cls)
-    }
+    assert read_help(out) == HELP  # every section and key with the help params.yaml gives it
 
 
 def test_fingerprint_leaves_out_the_keys_marked_so():
@@ -64,18 +59,24 @@ def test_fingerprint_leaves_out_the_keys_marked_so():
     assert grpo.fingerprint_settings(load_params(None, ["grpo.beta=0.0"])) != grpo.fingerprint_settings(base)
 
 
-def test_every_params_key_has_a_comment_and_help():
+def test_every_params_key_has_its_help_in_the_comment_block_above_it():
+    """Each field of the schema has a help paragraph above its key in params.yaml, every key there is a
+    field, in the schema's order, and no key line carries a second, inline explanation."""
+    keys = [k for k in HELP if "." in k]
+    assert keys == FIELDS, "params.yaml keys and the schema's fields differ (or are in another order)"
+    assert [k for k in FIELDS if not HELP[k].strip()] == [], "fields without a help comment in params.yaml"
     for line in (REPO / "params.yaml").read_text().splitlines():
-        if re.match(r"^\s+\w+:\s*\S", line):
-            assert "#" in line, f"params.yaml line without a comment: {line!r}"
-    keys = {f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
-    assert sorted(k for k in keys if not HELP.get(k, "").strip()) == [], "fields without help in pipelines/params/help.py"
-    assert sorted(set(HELP) - keys) == [], "help for keys the schema does not have"
-    assert list(HELP) == [k for name, cls in SECTIONS.items() for k in (f"{name}.{f.name}" for f in dataclasses.fields(cls))]
+        if re.match(r"^ {0,2}\w+:", line):
+            assert "#" not in line, f"params.yaml: the help goes in the comment block above the key: {line!r}"
+
+
+def test_the_help_check_fails_on_a_key_without_help():
+    text = (REPO / "params.yaml").read_text().replace("  # Seed of the synthetic generator", "  seedless: 0\n  # Seed of", 1)
+    assert read_help(text)["data.seedless"] == ""
 
 
 def test_help_text_is_no_field_metadata():
-    """Help lives in pipelines/params/help.py only, so editing a sentence changes no stage's code dep."""
+    """Help lives in params.yaml's comments only, so editing a sentence changes no stage's code dep."""
     for cls in SECTIONS.values():
         assert [f.name for f in dataclasses.fields(cls) if "help" in f.metadata] == []
 
@@ -213,24 +214,19 @@ def test_params_yaml_is_parsed_once_per_content(tmp_path, monkeypatch):
     assert load_params(p).data.seed == 2 and len(parsed) == 2
 
 
-def append_to_every_help_entry(help_file: Path, word: str) -> None:
-    """Append ` word` to every entry of a help.py (an adjacent string literal after each value)."""
-    import ast
-
-    lines = help_file.read_text().splitlines(keepends=True)
-    table = next(n for n in ast.parse("".join(lines)).body if isinstance(n, ast.AnnAssign) and n.target.id == "HELP")
-    for value in sorted(table.value.values, key=lambda v: (v.end_lineno, v.end_col_offset), reverse=True):
-        line = lines[value.end_lineno - 1].encode()  # ast offsets count UTF-8 bytes
-        lines[value.end_lineno - 1] = (line[:value.end_col_offset] + f' " {word}"'.encode()
-                                       + line[value.end_col_offset:]).decode()
-    help_file.write_text("".join(lines))
+def append_to_every_help_entry(params_file: Path, word: str) -> None:
+    """Append ` word` to the help of every key of a params.yaml (the last comment line above each key)."""
+    lines = params_file.read_text().splitlines(keepends=True)
+    for i, line in enumerate(lines[1:], 1):
+        if re.match(r"^ {0,2}\w+:", line) and lines[i - 1].lstrip().startswith("#"):
+            lines[i - 1] = f"{lines[i - 1].rstrip()} {word}\n"
+    params_file.write_text("".join(lines))
 
 
 def test_editing_help_text_reruns_no_stage(tmp_path):
     """On a small checkout of the project (pipelines/ included, as in a user's clone) after a run of the
     data and model stages, a word appended to every param's help text leaves `dvc status` clean, while
     a comment in a module the data stage imports makes it report exactly that stage."""
-    import importlib.util
     import json
     import os
     import subprocess
@@ -253,12 +249,9 @@ def test_editing_help_text_reruns_no_stage(tmp_path):
     assert status() == {}
     whole = dvc("status", "--json")  # the stages that did not run: what they lack, before the edit
 
-    help_file = repo / "pipelines/params/help.py"
-    append_to_every_help_entry(help_file, "indeed")
-    spec = importlib.util.spec_from_file_location("edited_help", help_file)
-    edited = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(edited)
-    assert edited.HELP.keys() == HELP.keys() and all(edited.HELP[k] == f"{HELP[k]} indeed" for k in HELP)
+    append_to_every_help_entry(repo / "params.yaml", "indeed")
+    edited = read_help((repo / "params.yaml").read_text())
+    assert edited.keys() == HELP.keys() and all(edited[k] == f"{HELP[k]} indeed" for k in HELP if HELP[k])
     assert status() == {}
     assert dvc("status", "--json") == whole
 

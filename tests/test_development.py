@@ -1,5 +1,6 @@
 """docs/development.md's guides are followed once: "Adding a stage" adds a throwaway stage `noop` to a
-copy of the repository (module, params section, help, params.yaml, dvc.yaml, RERUNS, docs/files.md),
+copy of the repository (module, params section, params.yaml with its help, dvc.yaml, RERUNS, docs/files.md),
+"Adding a param" adds a key in its two places and nothing else,
 the layout and params tests pass on the copy and the stage runs there; leaving out one step makes the
 test the guide names for it fail. Every file and test the guides name exists.
 
@@ -62,7 +63,7 @@ def sh(args: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
 
 
 def add_noop_stage(root: Path, leave_out: str = "") -> None:
-    """The guide's steps 1-6 and 8 for a stage `noop` (step 7, infra/prefect.yaml, is tests/test_infra.py's)."""
+    """The guide's steps 1-5 and 7 for a stage `noop` (step 6, infra/prefect.yaml, is tests/test_infra.py's)."""
     (root / "components" / "noop.py").write_text(NOOP_MODULE)
     params = root / "components" / "common" / "params.py"
     edit(params, "\n\nSECTIONS: dict[str, type] = {", '''
@@ -76,13 +77,11 @@ SECTIONS: dict[str, type] = {''')
     edit(params, '    "placement": PlacementParams,\n}', '    "placement": PlacementParams,\n    "noop": NoopParams,\n}')
     edit(params, "    placement: PlacementParams\n", "    placement: PlacementParams\n    noop: NoopParams\n")
     edit(params, '    evaluate: str = _placement()\n', '    evaluate: str = _placement()\n    noop: str = _placement()\n')
-    if leave_out != "help":
-        edit(root / "pipelines" / "params" / "help.py", "\n}\n",
-             '\n    "placement.noop": "Where the noop stage runs.",\n    "noop.output_file": "The noop stage\'s output.",\n}\n')
     p = root / "params.yaml"
-    edit(p, "  evaluate: local                # and its run cache (restored here, not re-run)\n",
-         "  evaluate: local                # and its run cache (restored here, not re-run)\n  noop: local   # a throwaway stage\n")
-    p.write_text(p.read_text() + "\nnoop:\n  output_file: reports/noop.json   # the noop stage's output\n")
+    edit(p, "  # Where the evaluate stage runs.\n  evaluate: local\n",
+         "  # Where the evaluate stage runs.\n  evaluate: local\n  # Where the noop stage runs.\n  noop: local\n")
+    help_line = "" if leave_out == "help" else "  # The noop stage's output.\n"
+    p.write_text(p.read_text() + f"\nnoop:\n{help_line}  output_file: reports/noop.json\n")
     deps = sh([sys.executable, "-c", "import sys; sys.path.insert(0, 'tests'); import test_layout as t; "
                "print('\\n'.join(sorted(str(t.MODULES[m].relative_to(t.REPO)) for m in t.closure('components.noop') "
                "if not t.is_package(m))))"], root, check=True).stdout.split()
@@ -118,15 +117,16 @@ def clone(tmp_path_factory):
     return src
 
 
-def stage_copy(clone: Path, dest: Path, leave_out: str = "") -> Path:
+def stage_copy(clone: Path, dest: Path, leave_out: str = "", add_stage: bool = True) -> Path:
     shutil.copytree(clone, dest)
-    add_noop_stage(dest, leave_out)
+    if add_stage:
+        add_noop_stage(dest, leave_out)
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
     subprocess.run(["git", "add", "-A"], cwd=dest, check=True)
     return dest
 
 
-CHECKS = ["tests/test_layout.py", "tests/test_config.py::test_every_params_key_has_a_comment_and_help",
+CHECKS = ["tests/test_layout.py", "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it",
           "tests/test_config.py::test_config_command_explains_every_key_as_yaml",
           "tests/test_config.py::test_repo_params_load_and_match_dataclass_defaults"]
 
@@ -148,7 +148,7 @@ def test_adding_a_stage_as_the_guide_says(clone, tmp_path):
 
 @pytest.mark.parametrize("step, test", [
     ("dep", "tests/test_layout.py::test_dvc_deps_list_every_module_the_stage_imports"),
-    ("help", "tests/test_config.py::test_every_params_key_has_a_comment_and_help"),
+    ("help", "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it"),
     ("reruns", "tests/test_layout.py::test_the_rerun_table_covers_every_module_a_stage_imports"),
     ("files", "tests/test_layout.py::test_file_list_follows_the_tree"),
 ])
@@ -156,6 +156,45 @@ def test_a_step_left_out_fails_the_test_the_guide_names(clone, tmp_path, step, t
     assert test.split("::")[1] in GUIDE
     root = stage_copy(clone, tmp_path / "repo", leave_out=step)
     res = pytest_in(root, test)
+    assert res.returncode == 1 and "failed" in res.stdout, res.stdout[-3000:]
+
+
+PARAM_CHECKS = ["tests/test_config.py::test_repo_params_load_and_match_dataclass_defaults",
+                "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it",
+                "tests/test_config.py::test_config_command_explains_every_key_as_yaml", "tests/test_layout.py"]
+
+
+def add_param(root: Path, leave_out: str = "") -> list[str]:
+    """The guide's two steps for a key `grpo.noop_knob`: the field, and params.yaml's key with its help.
+    Returns the files that changed (git's view)."""
+    if leave_out != "field":
+        edit(root / "components" / "common" / "params.py", "@dataclass\nclass GRPOParams:\n",
+             "@dataclass\nclass GRPOParams:\n    noop_knob: int = _f(3, ge=0)\n")
+    help_line = "" if leave_out == "help" else "  # How many noops per step (a throwaway key).\n"
+    value = "4" if leave_out == "default" else "3"
+    edit(root / "params.yaml", "\ngrpo:\n", f"\ngrpo:\n{help_line}  noop_knob: {value}\n")
+    return sorted(sh(["git", "diff", "--name-only"], root, check=True).stdout.split())  # against the index
+
+
+def test_adding_a_param_takes_the_two_steps_the_guide_names(clone, tmp_path):
+    assert "## Adding a param" in GUIDE
+    root = stage_copy(clone, tmp_path / "repo", add_stage=False)
+    assert add_param(root) == ["components/common/params.py", "params.yaml"]
+    res = pytest_in(root, *PARAM_CHECKS)
+    assert res.returncode == 0, res.stdout[-3000:]
+    described = sh([sys.executable, "-m", "pipelines.params.config"], root, check=True).stdout
+    assert "  # How many noops per step (a throwaway key).\n  noop_knob: 3\n" in described
+
+
+@pytest.mark.parametrize("step, test", [
+    ("help", "test_every_params_key_has_its_help_in_the_comment_block_above_it"),
+    ("default", "test_repo_params_load_and_match_dataclass_defaults"),
+    ("field", "test_every_params_key_has_its_help_in_the_comment_block_above_it"),
+])
+def test_a_param_step_left_out_fails_its_test(clone, tmp_path, step, test):
+    root = stage_copy(clone, tmp_path / "repo", add_stage=False)
+    add_param(root, leave_out=step)
+    res = pytest_in(root, f"tests/test_config.py::{test}")
     assert res.returncode == 1 and "failed" in res.stdout, res.stdout[-3000:]
 
 
@@ -168,5 +207,5 @@ def test_the_guides_name_files_and_tests_that_exist():
     names = set(re.findall(r"`(test_\w+)`", text))
     defined = {m for f in (REPO / "tests").rglob("test_*.py") for m in re.findall(r"^def (test_\w+)", f.read_text(), re.M)}
     assert names and names <= defined, sorted(names - defined)
-    for section in ("## Adding a stage", "## Adding a reward", "## Adding a preset"):
+    for section in ("## Adding a stage", "## Adding a param", "## Adding a reward", "## Adding a preset"):
         assert section in GUIDE

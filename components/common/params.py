@@ -1,18 +1,21 @@
-"""The params schema: one dataclass per params.yaml section, one field per key, and nothing else.
+"""The params schema: one dataclass per params.yaml section, one field per key, and its rules.
 
 Each field is `_f(default, **metadata)`; the metadata says how the key is checked and used:
 
     choices, ge, gt, le   value checks (components/common/params_rules.py, when params are loaded)
+
+A section whose keys constrain each other has a `check()` method, called once its values passed their
+field's checks; the value checkers it uses live in components/common/params_rules.py.
     path                  output_dir | input_dir | output_file: a stage path, kept inside the
                           repository and apart from other stages' (components/common/path_safety.py)
     recipe                a grpo key the stage passes to TRL's GRPOConfig (so not allowed in grpo.trainer)
     fingerprint=False     a key that does not change what is trained: left out of the resume
                           fingerprint of the training stages (components/training/finetune.py)
 
-Two lists elsewhere follow the fields, each checked by a test: the help text of every key
-(pipelines/params/help.py, apart from this module so that editing it re-runs no stage; tests/test_config.py)
-and the keys a run started through a deployment may override (`REMOTE_OVERRIDES` in
-pipelines/params/overrides.py). Cross-field rules live in components/common/params_rules.py; loading
+Two lists elsewhere follow the fields, each checked by a test: params.yaml, where each key's value
+equals its field's default and the comment block above it is its help (apart from this module, so that
+editing a sentence re-runs no stage; tests/test_config.py), and the keys a run started through a deployment may override (`REMOTE_OVERRIDES` in
+pipelines/params/overrides.py). Loading
 and `-S` overrides in components/common/params_load.py. The section classes are named `<Section>Params`,
 not `...Config`, so that they never shadow TRL's SFTConfig / GRPOConfig.
 """
@@ -22,6 +25,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+from components.common.errors import ConfigError
+from components.common.params_rules import (
+    STAGE_OWNED_TRAINER_KEYS,
+    check_generation_batch,
+    check_rewards,
+    check_sources,
+    check_trainer_keys,
+    parse_band,
+)
 
 
 def _f(default: Any, **meta: Any) -> Any:
@@ -62,6 +75,20 @@ class DataParams:
     max_train_rows: int = _f(0, ge=0)
     max_test_rows: int = _f(0, ge=0)
 
+    def check(self) -> None:
+        """Rules across keys (each value already passed its field's checks)."""
+        check_sources("data", self, ("train_source", "test_source"), synthetic=True)
+        if self.synthetic_answer_only_min_steps > self.synthetic_answer_only_max_steps:
+            raise ConfigError(
+                f"data.synthetic_answer_only_min_steps ({self.synthetic_answer_only_min_steps}) is above "
+                f"data.synthetic_answer_only_max_steps ({self.synthetic_answer_only_max_steps})"
+            )
+        if self.demo_max_steps and self.answer_only_min_steps and self.answer_only_min_steps <= self.demo_max_steps:
+            raise ConfigError(
+                f"data.answer_only_min_steps ({self.answer_only_min_steps}) must be above data.demo_max_steps "
+                f"({self.demo_max_steps}): a row is a demonstration or an answer-only problem, not both"
+            )
+
 
 @dataclass
 class ModelParams:
@@ -78,6 +105,13 @@ class ModelParams:
     tiny_max_positions: int = _f(512, ge=64)
     tiny_vocab_size: int = _f(512, ge=300)
     seed: int = _f(0, ge=0)
+
+    def check(self) -> None:
+        if self.name_or_path.strip() in ("", "gguf:"):
+            raise ConfigError(f"model.name_or_path: {self.name_or_path!r} needs a model (gguf: needs a file path)")
+        if self.tiny_hidden_size % self.tiny_num_heads:
+            raise ConfigError(f"model.tiny_num_heads: {self.tiny_num_heads} does not divide model.tiny_hidden_size "
+                              f"{self.tiny_hidden_size}")
 
 
 # The loss formulations TRL 1.16's GRPOConfig.loss_type accepts (checked against trl/trainer/grpo_trainer.py).
@@ -162,6 +196,11 @@ class SFTParams:
     lora: dict[str, Any] = _lora()
     trainer: dict[str, Any] = _trainer(SFT_TRAINER_DEFAULTS)
 
+    def check(self) -> None:
+        check_trainer_keys("sft", self.trainer, STAGE_OWNED_TRAINER_KEYS)
+        if self.plateau_patience and not self.dev_size:
+            raise ConfigError("sft.plateau_patience needs a dev split to watch: set sft.dev_size (e.g. 200)")
+
 
 @dataclass
 class GRPOParams:
@@ -193,6 +232,11 @@ class GRPOParams:
     lora: dict[str, Any] = _lora()
     trainer: dict[str, Any] = _trainer(GRPO_TRAINER_DEFAULTS)
 
+    def check(self) -> None:
+        recipe = (*(f.name for f in dataclasses.fields(self) if f.metadata.get("recipe")), "reward_weights")
+        check_trainer_keys("grpo", self.trainer, STAGE_OWNED_TRAINER_KEYS + recipe, recipe)
+        check_generation_batch(self)
+
 
 @dataclass
 class SelectionParams:
@@ -212,11 +256,19 @@ class SelectionParams:
     backend: str = _f("auto", choices=["auto", "vllm", "transformers"])
     seed: int = _f(0, ge=0)
 
+    def check(self) -> None:
+        if self.min_pass_rate > self.max_pass_rate:
+            raise ConfigError(f"selection.min_pass_rate ({self.min_pass_rate}) is above selection.max_pass_rate "
+                              f"({self.max_pass_rate}): no pass rate is in the band")
+
 
 @dataclass
 class RewardsParams:
     funcs: list[str] = _f(["accuracy"])
     weights: list[float] = _f([1.0])
+
+    def check(self) -> None:
+        check_rewards(self)  # names are checked where rewards are used (components/training/rewards.py)
 
 
 @dataclass
@@ -235,7 +287,7 @@ class EvaluateParams:
     num_fewshot: int = _f(5, ge=0)
     fewshot_seed: int = _f(1234, ge=0)
     fewshot_source: str = _f("")
-    target_band: str | int = _f("3")  # `-S evaluate.target_band=3` reads as YAML's 3: params_rules makes it "3"
+    target_band: str | int = _f("3")  # `-S evaluate.target_band=3` reads as YAML's 3: check() makes it "3"
     primary_metric: str = _f("accuracy_strict", choices=["accuracy_strict", "accuracy_flexible"])
     log_items_table: bool = _f(True)
     seed: int = _f(0, ge=0)
@@ -244,6 +296,11 @@ class EvaluateParams:
     endpoint_concurrency: int = _f(64, ge=1, le=1024)
     endpoint_retries: int = _f(5, ge=0)
     endpoint_timeout: float = _f(300.0, gt=0.0)
+
+    def check(self) -> None:
+        check_sources("evaluate", self, ("data", "fewshot_source"), synthetic=False)
+        self.target_band = str(self.target_band)  # `-S evaluate.target_band=3` reads as YAML's 3: one spelling
+        parse_band(self.target_band)
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Loading params: params.yaml (or `--params FILE`, or $GRPOFLOW_PARAMS) read, `-S section.key=value`
 overrides applied (the syntax of `dvc exp run -S`; values are parsed as YAML, so `-S grpo.beta=0.0`
 is a float and `-S data.allow_overlap=true` a bool), every key checked against the schema
-(components/common/params.py) and the rules (components/common/params_rules.py), and the stage paths against the
+(components/common/params.py) and the rules (components/common/params_rules.py, each section's `check()`), and the stage paths against the
 repository (components/common/path_safety.py). `load_params()` returns a `Params`; unknown keys, wrong
 types and out-of-range values raise a ConfigError whose message names the key and what was expected.
 A key the file leaves out takes its field's default.
@@ -21,7 +21,7 @@ import yaml
 from components.common.errors import ConfigError
 from components.common.files import repo_root
 from components.common.params import SECTIONS, Params
-from components.common.params_rules import check_bounds, check_section, coerce
+from components.common.params_rules import check_bounds, coerce
 from components.common.path_safety import check_paths
 
 DEFAULT_PARAMS = "params.yaml"
@@ -49,7 +49,8 @@ def build_section(name: str, raw: Any) -> Any:
         check_bounds(full, value, fields[key].metadata)
         kwargs[key] = value
     section = cls(**kwargs)
-    check_section(name, section)
+    if hasattr(section, "check"):
+        section.check()  # the section's rules across keys
     return section
 
 

@@ -1,32 +1,23 @@
 """The checks params pass when they are loaded: each value against its field's type and bounds
-(`coerce`, `check_bounds`: the `choices`/`ge`/`gt`/`le` metadata of components/common/params.py), then the
-rules that span several keys of a section (`check_section`). Every failure is a ConfigError whose
-message names the key and what was expected.
+(`coerce`, `check_bounds`: the `choices`/`ge`/`gt`/`le` metadata of components/common/params.py), and the
+value checkers the sections' `check` methods (their rules across keys) are written with: data sources,
+trainer keys a stage owns, GRPO's generation batch, reward weights, and `parse_band` (a band of
+reasoning steps, `evaluate.target_band`). Every failure is a ConfigError whose message names the key
+and what was expected. Nothing here imports the schema, which imports this module.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import re
 import types
 import typing
 from typing import Any
 
 from components.common.errors import ConfigError
-from components.common.params import DataParams, EvaluateParams, GRPOParams, RewardsParams
-from components.problems.bands import parse_band
 
 # Keys the training stages set in TRL's config themselves; a `trainer:` mapping may not set them.
 STAGE_OWNED_TRAINER_KEYS = ("output_dir", "resume_from_checkpoint")
-
-
-def keys_with(section: Any, role: str, value: Any = True) -> tuple[str, ...]:
-    """Names of the fields of a section (class or instance) whose metadata `role` equals `value`.
-
-    >>> keys_with(GRPOParams, "path", "input_dir")
-    ('init_dir',)
-    """
-    return tuple(f.name for f in dataclasses.fields(section) if f.metadata.get(role, None) == value)
 
 
 def _type_name(tp: Any) -> str:
@@ -94,7 +85,8 @@ def check_bounds(key: str, value: Any, meta: typing.Mapping[str, Any]) -> None:
 
 
 
-def _check_trainer_keys(section: str, trainer: dict[str, Any], owned: tuple[str, ...], recipe: tuple[str, ...]) -> None:
+def check_trainer_keys(section: str, trainer: dict[str, Any], owned: tuple[str, ...], recipe: tuple[str, ...] = ()) -> None:
+    """A `trainer:` mapping may not set what the stage sets itself (`owned`; `recipe`: a key of the section)."""
     for key in trainer:
         if key == "reward_weights" and key in owned:
             raise ConfigError(f"{section}.trainer.{key}: set rewards.weights instead")
@@ -103,7 +95,8 @@ def _check_trainer_keys(section: str, trainer: dict[str, Any], owned: tuple[str,
             raise ConfigError(f"{section}.trainer.{key}: the stage sets it; use {hint} instead")
 
 
-def _check_sources(section: str, cfg: DataParams | EvaluateParams, keys: tuple[str, ...], synthetic: bool) -> None:
+def check_sources(section: str, cfg: Any, keys: tuple[str, ...], synthetic: bool) -> None:
+    """Data-source keys: 'synthetic' (where `synthetic`), 'jsonl:PATH' or 'hf:NAME[:CONFIG]' ('' where not)."""
     for key in keys:
         src = getattr(cfg, key)
         if synthetic:
@@ -117,7 +110,7 @@ def _check_sources(section: str, cfg: DataParams | EvaluateParams, keys: tuple[s
             raise ConfigError(f"{section}.{key}: expected '', 'jsonl:PATH' or 'hf:NAME[:CONFIG]', got {src!r}")
 
 
-def _check_generation_batch(cfg: GRPOParams) -> None:
+def check_generation_batch(cfg: Any) -> None:
     """TRL checks this too, but only once torch and TRL are loaded; fail at load time instead.
     TrainingArguments defaults: per_device_train_batch_size 8, gradient_accumulation_steps 1."""
     t = cfg.trainer
@@ -139,7 +132,7 @@ def _check_generation_batch(cfg: GRPOParams) -> None:
         )
 
 
-def _check_rewards(cfg: RewardsParams) -> None:
+def check_rewards(cfg: Any) -> None:
     # Names are checked where rewards are used (components/training/rewards.py check_reward_names).
     if not cfg.funcs:
         raise ConfigError("rewards.funcs: give at least one reward function")
@@ -153,40 +146,26 @@ def _check_rewards(cfg: RewardsParams) -> None:
             raise ConfigError(f"rewards.weights[{i}]: expected a finite number, got {w!r}")
 
 
-def check_section(name: str, cfg: Any) -> None:
-    """The rules that span several keys of section `name` (its values already passed `coerce`)."""
-    if name == "data":
-        _check_sources("data", cfg, ("train_source", "test_source"), synthetic=True)
-        if cfg.synthetic_answer_only_min_steps > cfg.synthetic_answer_only_max_steps:
-            raise ConfigError(
-                f"data.synthetic_answer_only_min_steps ({cfg.synthetic_answer_only_min_steps}) is above "
-                f"data.synthetic_answer_only_max_steps ({cfg.synthetic_answer_only_max_steps})"
-            )
-        if cfg.demo_max_steps and cfg.answer_only_min_steps and cfg.answer_only_min_steps <= cfg.demo_max_steps:
-            raise ConfigError(
-                f"data.answer_only_min_steps ({cfg.answer_only_min_steps}) must be above data.demo_max_steps "
-                f"({cfg.demo_max_steps}): a row is a demonstration or an answer-only problem, not both"
-            )
-    elif name == "model" and cfg.name_or_path.strip() in ("", "gguf:"):
-        raise ConfigError(f"model.name_or_path: {cfg.name_or_path!r} needs a model (gguf: needs a file path)")
-    elif name == "model" and cfg.tiny_hidden_size % cfg.tiny_num_heads:
-        raise ConfigError(
-            f"model.tiny_num_heads: {cfg.tiny_num_heads} does not divide model.tiny_hidden_size {cfg.tiny_hidden_size}"
-        )
-    elif name == "sft":
-        _check_trainer_keys("sft", cfg.trainer, STAGE_OWNED_TRAINER_KEYS, ())
-        if cfg.plateau_patience and not cfg.dev_size:
-            raise ConfigError("sft.plateau_patience needs a dev split to watch: set sft.dev_size (e.g. 200)")
-    elif name == "selection" and cfg.min_pass_rate > cfg.max_pass_rate:
-        raise ConfigError(f"selection.min_pass_rate ({cfg.min_pass_rate}) is above selection.max_pass_rate "
-                          f"({cfg.max_pass_rate}): no pass rate is in the band")
-    elif name == "grpo":
-        recipe = keys_with(GRPOParams, "recipe") + ("reward_weights",)
-        _check_trainer_keys("grpo", cfg.trainer, STAGE_OWNED_TRAINER_KEYS + recipe, recipe)
-        _check_generation_batch(cfg)
-    elif name == "rewards":
-        _check_rewards(cfg)
-    elif name == "evaluate":
-        _check_sources("evaluate", cfg, ("data", "fewshot_source"), synthetic=False)
-        cfg.target_band = str(cfg.target_band)  # `-S evaluate.target_band=3` reads as YAML's 3: one spelling
-        parse_band(cfg.target_band)
+Band = tuple[int, int | None]  # (fewest steps, most steps or None: no upper bound)
+_BAND_RE = re.compile(r"^\s*(\d+)\s*(?:(-)\s*(\d+)|(\+))?\s*$")
+
+
+def parse_band(text: str, key: str = "evaluate.target_band") -> Band | None:
+    """`N`, `N-M` or `N+` as (low, high); "" is no band (None). A bad value is a ConfigError naming `key`.
+
+    >>> parse_band("3"), parse_band("2-4"), parse_band("5+"), parse_band("")
+    ((3, 3), (2, 4), (5, None), None)
+    >>> parse_band("4-2")
+    Traceback (most recent call last):
+    ...
+    components.common.errors.ConfigError: evaluate.target_band='4-2': expected N, N-M (N <= M) or N+ steps, e.g. 3, 3-4 or 5+
+    """
+    if not str(text).strip():
+        return None
+    m = _BAND_RE.match(str(text))
+    if m:
+        low = int(m.group(1))
+        high = None if m.group(4) else int(m.group(3)) if m.group(2) else low
+        if low >= 1 and (high is None or high >= low):
+            return low, high
+    raise ConfigError(f"{key}={text!r}: expected N, N-M (N <= M) or N+ steps, e.g. 3, 3-4 or 5+")

@@ -5,6 +5,7 @@ the synthetic generator's count, GSM8K's `<<...>>` annotations, else its reasoni
 an answer-only row with neither: unbanded). A band is written `N` (exactly N steps), `N-M` or `N+`;
 `evaluate.target_band` names the one the user cares about, `data.demo_max_steps` and
 `data.answer_only_min_steps` split the train rows into demonstrations and answer-only problems.
+`parse_band` itself is a params-value parser and lives below the schema (components/common/params_rules.py).
 
     parse_band("3-4") -> (3, 4)      in_band(steps, band)      split_items(items, band) -> (target, rest)
     by_steps(items) -> {"1": [...], ..., "unbanded": [...]}   (items grouped by their step count)
@@ -12,35 +13,13 @@ an answer-only row with neither: unbanded). A band is written `N` (exactly N ste
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from components.common.errors import ConfigError
+from components.common.params_rules import Band, parse_band
 
-Band = tuple[int, int | None]  # (fewest steps, most steps or None: no upper bound)
+__all__ = ["Band", "UNBANDED", "parse_band", "band_label", "in_band", "split_items", "step_key", "by_steps"]
+
 UNBANDED = "unbanded"
-_BAND_RE = re.compile(r"^\s*(\d+)\s*(?:(-)\s*(\d+)|(\+))?\s*$")
-
-
-def parse_band(text: str, key: str = "evaluate.target_band") -> Band | None:
-    """`N`, `N-M` or `N+` as (low, high); "" is no band (None). A bad value is a ConfigError naming `key`.
-
-    >>> parse_band("3"), parse_band("2-4"), parse_band("5+"), parse_band("")
-    ((3, 3), (2, 4), (5, None), None)
-    >>> parse_band("4-2")
-    Traceback (most recent call last):
-    ...
-    components.common.errors.ConfigError: evaluate.target_band='4-2': expected N, N-M (N <= M) or N+ steps, e.g. 3, 3-4 or 5+
-    """
-    if not str(text).strip():
-        return None
-    m = _BAND_RE.match(str(text))
-    if m:
-        low = int(m.group(1))
-        high = None if m.group(4) else int(m.group(3)) if m.group(2) else low
-        if low >= 1 and (high is None or high >= low):
-            return low, high
-    raise ConfigError(f"{key}={text!r}: expected N, N-M (N <= M) or N+ steps, e.g. 3, 3-4 or 5+")
 
 
 def band_label(band: Band) -> str:

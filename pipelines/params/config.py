@@ -1,6 +1,9 @@
 """`python -m pipelines.params.config`: the effective params (params.yaml with `-S` overrides applied),
-each key preceded by its help text (pipelines/params/help.py) as a comment, the same text params.yaml's
-comments abbreviate. The output is YAML.
+each key preceded by its help text as a comment. The output is YAML.
+
+A key's help is the comment block right above it in the repository's params.yaml (as in a Helm
+chart's values.yaml), read by `read_help`; a section's help is the block above the section's line.
+No stage imports this module and DVC hashes params by value, so editing a help sentence re-runs no stage.
 
     python -m pipelines.params.config                       # every key, its value and what it does
     python -m pipelines.params.config -S grpo.beta=0.0      # after an override (params.yaml unchanged)
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import textwrap
 from pathlib import Path
 
@@ -39,15 +43,14 @@ from components.common.params import (
     TrackingParams,
 )
 from components.common.params_load import apply_override, load_params, params_in, parse_override
-from components.common.tracking import check_reachable, resolve_tracking_uri
-from pipelines.params.help import HELP
+from components.common.tracking import check_reachable, repo_root, resolve_tracking_uri
 from pipelines.params.overrides import REMOTE_OVERRIDES, check_remote_overrides, write_overrides
 
 __all__ = [
     "ConfigError", "Params", "SECTIONS", "PLACEMENTS", "GRPO_LOSS_TYPES", "DataParams", "ModelParams", "SFTParams",
     "GRPOParams", "RewardsParams", "EvaluateParams", "RegisterParams", "TrackingParams", "PlacementParams",
     "load_params", "params_in", "parse_override", "apply_override", "add_params_args", "stage_main",
-    "write_overrides", "check_remote_overrides", "REMOTE_OVERRIDES", "describe",
+    "write_overrides", "check_remote_overrides", "REMOTE_OVERRIDES", "describe", "read_help",
 ]
 
 
@@ -59,21 +62,56 @@ def load_checked(args: argparse.Namespace, root: Path | None = None) -> Params:
     return params
 
 
-def describe(params: Params, width: int = 100) -> str:
-    """`params` as YAML, every key preceded by its help text as `#` comments.
+def read_help(text: str) -> dict[str, str]:
+    r"""The help of every key of a params.yaml text: `section.key` (and `section` for a section's own
+    block) to the `#` comment lines right above that key, joined into one paragraph.
+
+    >>> read_help("# Seeds.\nrun:\n  # How many.\n  # At most 9.\n  n: 3\n  m: 4   # inline: not help\n")
+    {'run': 'Seeds.', 'run.n': 'How many. At most 9.', 'run.m': ''}
+    """
+    out: dict[str, str] = {}
+    block: list[str] = []
+    section = ""
+    for line in text.splitlines():
+        comment = re.match(r"^(\s*)# ?(.*)$", line)
+        key = re.match(r"^( {0,2})([A-Za-z_]\w*):", line)
+        if comment:
+            block.append(comment.group(2).strip())
+            continue
+        if key and key.group(1) == "":
+            section = key.group(2)
+            out[section] = " ".join(block)
+        elif key and section:
+            out[f"{section}.{key.group(2)}"] = " ".join(block)
+        block = []
+    return out
+
+
+def repo_help() -> dict[str, str]:
+    """The help of every key, from the repository's params.yaml."""
+    return read_help(params_in(repo_root()).read_text())
+
+
+def describe(params: Params, width: int = 100, help: dict[str, str] | None = None) -> str:
+    """`params` as YAML, every section and key preceded by its help text as `#` comments.
 
     >>> text = describe(load_params(None, ["grpo.beta=0.0"]))
     >>> print(text[text.index("  # KL coeff"):text.index("  # PPO")], end="")
       # KL coefficient to the frozen reference model (k3 estimator); 0 drops the reference.
       beta: 0.0
     """
+    help = repo_help() if help is None else help
+
+    def comment(text: str, indent: str) -> list[str]:
+        wrapped = textwrap.wrap(text, width - 2 - len(indent), break_on_hyphens=False, break_long_words=False)
+        return [f"{indent}# {line}" for line in wrapped]
+
     lines: list[str] = []
     for name, cls in SECTIONS.items():
-        lines.append(f"{name}:")
+        lines += [*comment(help.get(name, ""), ""), f"{name}:"]
         section = getattr(params, name)
         for f in dataclasses.fields(cls):
-            help = textwrap.wrap(HELP[f"{name}.{f.name}"], width - 4, break_on_hyphens=False, break_long_words=False)
-            lines += [f"  # {line}" for line in help]
+            lines += comment(help.get(f"{name}.{f.name}", ""), "  ")
             value = yaml.safe_dump({f.name: getattr(section, f.name)}, sort_keys=False, width=width)
             lines += [f"  {line}" for line in value.splitlines()]
         lines.append("")

@@ -36,7 +36,7 @@ def test_help_text_reruns_nothing_and_a_module_comment_exactly_its_stages(baseli
     # A user's clone holds pipelines/ too (the baseline's checkout runs the installed one).
     shutil.copytree(REPO / "pipelines", repo / "pipelines", ignore=shutil.ignore_patterns("__pycache__"),
                     dirs_exist_ok=True)
-    append_to_every_help_entry(repo / "pipelines/params/help.py", "indeed")
+    append_to_every_help_entry(repo / "params.yaml", "indeed")
     assert status() == {}
 
     rerun = {}
