@@ -264,40 +264,45 @@ def prompt_dataset(rows: list[dict[str, Any]], tokenizer: Any) -> Any:
 
 
 def run(params: Params) -> Path:
-    """Train and write the GRPO model folder; returns its path."""
+    """Train and write the GRPO model folder; returns its path. Reads top to bottom: settings →
+    data → rewards → tokenizer and model → dataset and callbacks → trainer → train and save."""
     from components.models import modelio
     from components.problems.sources import read_split
     from components.training import signal_monitor
     from components.training.dev_accuracy import dev_callback
     from components.training.rewards import build_rewards
-    from components.training.stage_run import train_stage
+    from components.training.stage_run import TrainingJob, train_stage
 
-    cfg, data_dir = params.grpo, Path(params.data.output_dir)
+    cfg = params.grpo
     settings = trainer_settings(params)  # fails before any data or model is loaded
     max_new_tokens = settings[0].max_completion_length or 256
     modelio.require_model_dir(cfg.init_dir, "SFT model", "sft")
-    try:
-        reward_funcs, weights = build_rewards(params.rewards)
-    except ValueError as exc:
-        raise ConfigError(f"rewards: {exc}") from None
-    prompts = Path(params.selection.output_file)  # the selection stage's choice of grpo.jsonl's problems
+
+    # data: the selection stage's choice of grpo.jsonl's problems, less the dev split
+    prompts = Path(params.selection.output_file)
     if not prompts.is_file():
         raise InputError(f"{prompts}: GRPO's selected prompts are missing; run `dvc repro selection` first")
     rows = read_split(prompts)  # the reward needs only `gold`
-    dev = dev_split(read_split(data_dir / "grpo.jsonl"), cfg.dev_size, params.evaluate.target_band) if cfg.dev_size else []
+    dev = dev_split(read_split(Path(params.data.output_dir) / "grpo.jsonl"), cfg.dev_size,
+                    params.evaluate.target_band) if cfg.dev_size else []
     if dev:  # held out: never a training prompt
         held = {r["id"] for r in dev}
         rows = [r for r in rows if r["id"] not in held]
         if not rows:
             raise ConfigError(f"grpo.dev_size={cfg.dev_size} holds out every selected prompt; lower it")
 
+    # rewards (before the model loads: a bad name fails in a second)
+    try:
+        reward_funcs, weights = build_rewards(params.rewards)
+    except ValueError as exc:
+        raise ConfigError(f"rewards: {exc}") from None
+
+    # tokenizer and model, then the dataset and the callbacks
     model, tokenizer, base, inputs, settings = start_model(params, settings)
     dataset = prompt_dataset(rows, tokenizer)
     monitor = signal_monitor.SignalMonitor(
         window=1,  # set from trainer.logging_steps when training starts
-        zero_std=cfg.signal_zero_std,
-        flat_reward=cfg.signal_flat_reward,
-        max_kl=cfg.signal_max_kl,
+        zero_std=cfg.signal_zero_std, flat_reward=cfg.signal_flat_reward, max_kl=cfg.signal_max_kl,
         max_reward=signal_monitor.max_reward(weights),
     )
     callbacks = [signal_monitor.callback(monitor, cfg.signal_window)]
@@ -307,14 +312,17 @@ def run(params: Params) -> Path:
     def summary() -> dict[str, Any]:
         return {**monitor.summary(), **(callbacks[1].summary() if dev else {})}
 
-    return train_stage(
-        STAGE, params, trainer_class(params), settings, model=model, tokenizer=tokenizer, dataset=dataset,
-        callbacks=callbacks, inputs=[prompts, *inputs], datasets={"selected_prompts": (prompts, "training")},
-        fingerprint=fingerprint_settings(params),
-        max_new_tokens=max_new_tokens, reward_funcs=reward_funcs, history_required=HISTORY_REQUIRED,
+    # trainer, train, save
+    job = TrainingJob(
+        STAGE, params, trainer_class(params), settings, model, tokenizer, dataset,
+        inputs=[prompts, *inputs], datasets={"selected_prompts": (prompts, "training")},
+        fingerprint=fingerprint_settings(params), base=base, callbacks=callbacks,
+        trainer_kwargs={"reward_funcs": reward_funcs}, max_new_tokens=max_new_tokens,
+        history_required=HISTORY_REQUIRED,
         history_names=lambda trainer: history_names(trainer.reward_func_names, params.rewards.funcs),
-        after_training=summary, base=base,
+        after_training=summary,
     )
+    return train_stage(job)
 
 
 def main(argv: list[str] | None = None) -> int:

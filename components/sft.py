@@ -125,34 +125,37 @@ def trainer_settings(params: Params) -> tuple[Any, Any]:
 
 
 def run(params: Params) -> Path:
-    """Train and write the SFT model folder; returns its path."""
+    """Train and write the SFT model folder; returns its path. Reads top to bottom: settings → data →
+    tokenizer and model → dataset and callbacks → trainer → train and save."""
     from trl import SFTTrainer
 
     from components.models import modelio
     from components.problems.sources import read_split
-    from components.training.stage_run import train_stage
+    from components.training.stage_run import TrainingJob, train_stage
 
     cfg, train = params.sft, Path(params.data.output_dir) / "train.jsonl"
     settings = trainer_settings(params)  # fails before any data or model is loaded
     modelio.require_model_dir(params.model.base_dir, "base model", "model")
-    rows, dev = split_dev(read_split(train), cfg.dev_size)
+
+    rows, dev = split_dev(read_split(train), cfg.dev_size)  # data
 
     model, tokenizer = modelio.load_model_and_tokenizer(params.model.base_dir, params.model)
     dataset, counts = build_demos(rows, tokenizer, cfg)
     callbacks = [dev_callback(dev, tokenizer, cfg.dev_every, cfg.dev_max_new_tokens,
                               Plateau(cfg.plateau_patience, cfg.plateau_min_delta))] if dev else []
-
     base = None
     if cfg.use_lora:  # the adapter is saved over models/base, named by its weights' hash
         from components.models.adapters import base_ref_for
 
         base = base_ref_for(params.model.base_dir, params.model.name_or_path)
-    return train_stage(
-        STAGE, params, SFTTrainer, settings, model=model, tokenizer=tokenizer, dataset=dataset, callbacks=callbacks,
+
+    job = TrainingJob(
+        STAGE, params, SFTTrainer, settings, model, tokenizer, dataset,
         inputs=[train, params.model.base_dir], datasets={"train": (train, "training")},
-        fingerprint=fingerprint_settings(params), metrics=counts,
-        after_training=callbacks[0].summary if callbacks else None, base=base,
+        fingerprint=fingerprint_settings(params), base=base, callbacks=callbacks, metrics=counts,
+        after_training=callbacks[0].summary if callbacks else None,
     )
+    return train_stage(job)
 
 
 def main(argv: list[str] | None = None) -> int:
