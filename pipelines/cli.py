@@ -199,16 +199,25 @@ def entry() -> None:
 
     A command that imported Prefect, MLflow and DVC would otherwise spend seconds in the interpreter's
     own teardown (freeing modules, after every exit hook has run), which is all of a no-op rerun's
-    wait at the end. What a normal exit does that matters still happens, in its order: the other
-    threads are joined, the exit hooks run (Prefect sends its last logs, MLflow ends its run, the
-    temporary Prefect server stops), stdout and stderr are flushed; then the process ends."""
+    wait at the end. The exit is a normal one, in its order: the other threads are joined, the exit
+    hooks run (Prefect sends its last logs, MLflow ends its run, the temporary Prefect server stops);
+    the hook registered here, first and so run last, flushes stdout and stderr and ends the process
+    before the teardown."""
     import atexit
-    import os
-    import threading
 
-    code = main()
-    threading._shutdown()  # what the interpreter does first: join the other threads, run their exit hooks
-    atexit._run_exitfuncs()
+    code = 1  # an exception out of main(): its traceback is printed, then the exit is 1
+    atexit.register(lambda: _quick_exit(code))  # before any other hook: atexit runs them last-in, first-out
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse: --help (0), a usage error (2)
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        raise
+    sys.exit(code)
+
+
+def _quick_exit(code: int) -> None:
+    import os
+
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -12,6 +12,8 @@
 
 A failed stage crosses as its error (dvc_ops.StageFailed), whose message `failure_message` writes:
 the stage's own error line first (`stage_error`), then the exit code and the output's last lines.
+An interrupted run (Ctrl-C, SIGTERM) crosses as `Interrupted`, the stage it was in found by
+`interrupted_stage` (lineage.failure_recorded marks the exception).
 """
 
 from __future__ import annotations
@@ -129,3 +131,26 @@ def failure_message(stage: str, rc: int, tail: str, where: str = "") -> str:
     line = stage_error(tail) or (tail.splitlines()[-1] if tail else str(rc))  # DVC's last line
     context = "\n".join(tail.splitlines()[-FAILURE_TAIL_LINES:])
     return f"stage '{stage}' failed{where}: {line}\n(dvc exit {rc}; the last lines of its output:)\n{context}"
+
+
+STAGE_ATTR = "grpoflow_stage"  # set on an exception by lineage.failure_recorded: the stage it ended
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM during `grpoflow run` (a scheduler, `docker stop`), raised where Ctrl-C raises
+    KeyboardInterrupt, so that both take one path: stop the stage, mark the runs KILLED, exit 128 + signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def interrupted_stage(exc: BaseException | None) -> str:
+    """The stage an interrupt ended: the mark on the exception or on one it replaced (Prefect turns
+    SIGTERM into its own TerminationSignal first); "" when it came between stages."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if getattr(exc, STAGE_ATTR, ""):
+            return getattr(exc, STAGE_ATTR)
+        exc, seen = exc.__context__, seen + 1
+    return ""

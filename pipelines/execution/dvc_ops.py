@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common.tracking import PARENT_ENV
-from pipelines.execution.group_watchdog import GROUP_FILE_ENV
+from pipelines.execution.group_watchdog import GRACE_S, GROUP_FILE_ENV
 from pipelines.execution.runtime import TELEMETRY_OFF
 
 STAGE_GROUP_FILE = ".dvc/tmp/grpoflow-stage.group"  # the process group of the running dvc command
@@ -259,18 +259,34 @@ def run_dvc(
     decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode  # chunks split characters
     # Raw chunks, not lines: progress bars redraw with \r and must reach the terminal as they go.
     lines_log = LineLog(log, log_every_s) if log else None
-    while chunk := proc.stdout.read1(4096):
-        text = decode(chunk)
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        if lines_log:
-            lines_log.feed(text)
-        *lines, partial = (partial + text).replace("\r", "\n").split("\n")
-        tail.extend(lines)
+    try:
+        while chunk := proc.stdout.read1(4096):
+            text = decode(chunk)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            if lines_log:
+                lines_log.feed(text)
+            *lines, partial = (partial + text).replace("\r", "\n").split("\n")
+            tail.extend(lines)
+    except BaseException:  # Ctrl-C (the watchdog got it too) or SIGTERM to this process only: stop DVC, then go on
+        stop_watched(proc)
+        raise
     tail.append(partial)
     if lines_log:
         lines_log.close()
     return proc.wait(), "\n".join(line for line in tail if line.strip())
+
+
+def stop_watched(proc: subprocess.Popen, grace: float = GRACE_S + 5) -> None:
+    """SIGTERM to a group watchdog (it stops its command's group: SIGTERM, SIGKILL after its grace) and
+    wait for it, so that no stage process outlives an interrupted run."""
+    try:
+        proc.terminate()
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    except (OSError, KeyboardInterrupt):
+        pass  # gone already; or a second Ctrl-C: the watchdog dies with this process anyway
 
 
 def push(

@@ -100,7 +100,10 @@ class TemporaryServer:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
-        self.proc = subprocess.Popen(prefect_server_command(self.port, self._prefect_dir), env={**os.environ, **SERVER_ENV})
+        # A session of its own: Ctrl-C in the terminal reaches the run, not its server, which records the
+        # interrupted run and takes its last logs before stop() ends it (it still dies with this process).
+        self.proc = subprocess.Popen(prefect_server_command(self.port, self._prefect_dir), env={**os.environ, **SERVER_ENV},
+                                     start_new_session=True)
 
     def use(self, timeout: float = SERVER_STARTUP_TIMEOUT_S) -> bool:
         """Wait until it answers, then point Prefect's settings at it; False (and stopped) when a Prefect

@@ -60,7 +60,7 @@ from components.common.tracking import (
 )
 from components.evaluation.reports import read_metrics
 from pipelines.execution.gitrepo import git_state
-from pipelines.results import StageResult
+from pipelines.results import STAGE_ATTR, StageResult, interrupted_stage
 
 FLOW_NAME = "training-pipeline"
 # Run tags (all under TAG_PREFIX). On stage runs: the md5 of the stage's dvc.lock entry.
@@ -139,11 +139,26 @@ def close_stale_runs(client: Any, exp_id: str, by_run_id: str) -> list[str]:
     return closed
 
 
+def close_interrupted(client: Any, exp_id: str, run_id: str, stage: str) -> None:
+    """An interrupted run's MLflow runs marked KILLED: its stages' runs still RUNNING (the stage process
+    stopped before it could close its own), then the parent. Best effort: the tracking server may be
+    what went away."""
+    reason = f"interrupted during {stage or 'the pipeline run'}"
+    try:
+        running = client.search_runs([exp_id], f"attributes.status = 'RUNNING' and tags.`mlflow.parentRunId` = '{run_id}'")
+        for r in [*running, client.get_run(run_id)]:
+            client.set_tag(r.info.run_id, KILLED_TAG, reason)
+            client.set_terminated(r.info.run_id, "KILLED")
+    except Exception as exc:  # noqa: BLE001 (the interrupt is what the user hears about)
+        print(f"warning: MLflow runs not marked KILLED ({type(exc).__name__}: {str(exc)[:200]})", flush=True)
+
+
 @contextlib.contextmanager
 def parent_run(params: Params, root: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Iterator[PipelineRun]:
     """The pipeline's MLflow parent run: opened with the static lineage, closed with the outcome."""
     import mlflow
     from mlflow.entities import Param
+    from prefect.exceptions import ExternalSignal
     from prefect.runtime import flow_run
 
     root = Path(root)
@@ -167,8 +182,8 @@ def parent_run(params: Params, root: str | Path, overrides: list[str] | tuple[st
         if (root / "params.yaml").is_file():
             client.log_artifact(run_id, str(root / "params.yaml"), "lineage")
         yield PipelineRun(str(root), run_id, resolve_tracking_uri(params, root))
-    except KeyboardInterrupt:
-        client.set_terminated(run_id, "KILLED")
+    except (KeyboardInterrupt, ExternalSignal) as exc:  # Ctrl-C; SIGTERM (Prefect's TerminationSignal)
+        close_interrupted(client, exp_id, run_id, interrupted_stage(exc))
         raise
     except BaseException:
         client.set_terminated(run_id, "FAILED")
@@ -338,7 +353,10 @@ def failure_recorded(
     failure_message), let `describe` write the run's description, then re-raise."""
     try:
         yield
-    except Exception as exc:
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # Ctrl-C or SIGTERM: marked, recorded by parent_run
+            setattr(exc, STAGE_ATTR, stage)
+            raise
         done = [*stages, StageResult(stage, "failed")]
         record(run, done)
         import mlflow

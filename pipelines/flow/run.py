@@ -3,16 +3,27 @@ presets/NAME.yaml, applied as -S overrides written into params.yaml), then its s
 
 Before any work: the params load, the tracking server answers, the placement is possible and, with -S,
 TRL accepts the trainer settings. A checkout held by another run exits 3; a failed stage, DVC or MLflow 1.
+
+Ctrl-C (SIGINT to the terminal's process group) and SIGTERM (to this process: a scheduler, `docker
+stop`) take one path: the running stage is stopped, the pipeline's MLflow runs are marked KILLED, the
+flow run's state is recorded while Prefect's server still answers (the temporary server runs in a
+session of its own, out of the terminal's reach), one line says where the run stopped and how the next
+one goes on, and the exit code is 130 or 143.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
+import sys
 from pathlib import Path
 
 from components.common.entry import fail
+from components.common.params import Params
 from components.common.tracking import repo_root, resolve_tracking_uri
 from pipelines.params.config import load_checked
+from pipelines.results import Interrupted, interrupted_stage
 
 
 def cli_run(args: argparse.Namespace) -> int:
@@ -49,6 +60,9 @@ def _run(args: argparse.Namespace, root: Path) -> int:
         grpo.trainer_settings(params)
     import dvc.repo  # noqa: F401  (imports overlap with the server's start-up)
     import mlflow  # noqa: F401
+    from prefect.exceptions import (
+        ExternalSignal,  # (after the server's launch: Prefect reads its settings at import)
+    )
 
     from pipelines.execution.dvc_ops import StageFailed, TransientError, stage_order
     from pipelines.flow.pipeline import training_pipeline
@@ -60,15 +74,49 @@ def _run(args: argparse.Namespace, root: Path) -> int:
     if server is not None:
         server.use()
     ready, startup = time.perf_counter(), _process_age()
+    signal.signal(signal.SIGTERM, _raise_interrupted)  # Prefect's flow engine hands SIGTERM back to it
+    for name in ("prefect.task_runs", "prefect.flow_runs"):  # the interrupt gets one line, below
+        logging.getLogger(name).addFilter(_no_interrupt_crash_lines)
     try:
         summary = training_pipeline(overrides=list(args.overrides))
     except PipelineLocked as exc:
         return fail(exc, 3)
     except (StageFailed, TransientError) as exc:
         return fail(exc, 1)
+    except (KeyboardInterrupt, ExternalSignal) as exc:
+        signum = getattr(exc, "signum", getattr(exc, "signal", signal.SIGINT))
+        print(f"interrupted during {resume_hint(load_checked(args, root), root, interrupted_stage(exc))}",
+              file=sys.stderr, flush=True)
+        return 128 + signum
     print(format_run_summary(summary))
     print(time_line(_process_age(), startup, ready - waited, task_seconds(summary.run_id)))
     return 0
+
+
+def _no_interrupt_crash_lines(record: logging.LogRecord) -> bool:
+    """Prefect's "Crash detected!" and "Finished in state Crashed" lines for an interrupt, which the
+    one line `grpoflow run` prints says better (a crash for any other reason is still shown)."""
+    message = record.getMessage()
+    return not ("aborted by an interrupt signal" in message or "aborted by a termination signal" in message)
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def resume_hint(params: Params, root: Path, stage: str) -> str:
+    """Where an interrupted run stopped and how the next `grpoflow run` goes on: a training stage resumes
+    from its newest complete checkpoint (when `<stage>.resume` is on); stages that finished are skipped."""
+    if not stage:
+        return "the pipeline run; `grpoflow run` completes it (finished stages are skipped)"
+    cfg = getattr(params, stage, None)
+    if getattr(cfg, "checkpoint_dir", None) and cfg.resume:
+        from components.training.finetune import complete_checkpoints
+
+        saved = complete_checkpoints(root / cfg.checkpoint_dir)
+        if saved:
+            return f"{stage}; `grpoflow run` resumes from {saved[-1].name}"
+    return f"{stage}; `grpoflow run` runs it again (finished stages are skipped)"
 
 
 def _process_age() -> float:
