@@ -144,14 +144,14 @@ class StepClock:
 
         return Clock()
 
-    def mean_step(self, warmup: int) -> tuple[dict[str, float], dict[str, float]]:
-        """(mean seconds of the step and of each of PARTS, mean count of each of TOKENS) over the
+    def mean_step(self, warmup: int, counts: tuple[str, ...] = TOKENS) -> tuple[dict[str, float], dict[str, float]]:
+        """(mean seconds of the step and of each of PARTS, mean of each count in `counts`) over the
         steps after the first `warmup`."""
         measured, tokens = self.steps[warmup:], self.tokens[warmup:]
         if not measured:
             raise RuntimeError(f"no step measured: {len(self.steps)} steps ran, {warmup} of them warm-up")
         mean = {k: statistics.fmean(s[k] for s in measured) for k in ("step", *PARTS)}
-        return mean, {k: statistics.fmean(t.get(k, 0) for t in tokens) for k in TOKENS}
+        return mean, {k: statistics.fmean(t.get(k, 0) for t in tokens) for k in counts}
 
 
 def step_flops(model: Any, tokens: dict[str, float], lora: bool, reference_passes: int) -> dict[str, float]:
