@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     logfile, streams = (out / "gpu_check.log").open("w", buffering=1), (sys.stdout, sys.stderr)
-    sys.stdout, sys.stderr = Tee(sys.stdout, logfile), Tee(sys.stderr, logfile)
+    sys.stdout, sys.stderr = Tee(sys.stderr, logfile), Tee(sys.stderr, logfile)  # stdout: the JSON alone, at the end
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
 
     from components.common.tracking import package_versions
