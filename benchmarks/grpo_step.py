@@ -51,11 +51,10 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
-from contextlib import contextmanager, redirect_stdout
+from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +63,13 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.grpo_gain import OFFLINE_ENV, run_stage  # noqa: E402 (the same environment and stage runner)
+from benchmarks.step_clock import PARTS, StepClock, bench_args, step_flops  # noqa: E402
 
 # What --compare puts side by side: today's path (the settings before issue 31) and the new one (the preset).
 PATHS: dict[str, list[str]] = {  # overrides on top of the preset
     "before": ["grpo.rollout_merge_lora=false", "grpo.logps_batching=padded", "model.cpu_training_precision=float32"],
     "after": [],  # the preset as it is
 }
-PARTS = ("generation", "reference_forward", "policy_forward_backward", "optimizer", "other")
 
 
 def figure(seconds: float) -> float:
@@ -114,120 +113,6 @@ def machine_rates() -> dict[str, float]:
     return {k: round(v, 1) for k, v in rates.items()}
 
 
-class StepClock:
-    """Seconds per part of each optimizer step, from wrappers around the trainer's methods and a callback."""
-
-    def __init__(self) -> None:
-        self.steps: list[dict[str, float]] = []
-        self.tokens: list[dict[str, int]] = []
-        self._cur: dict[str, float] = {}
-        self._tok: dict[str, int] = {}
-        self._scoring = False
-        self._step_start = self._opt_start = 0.0
-
-    def add(self, part: str, seconds: float) -> None:
-        self._cur[part] = self._cur.get(part, 0.0) + seconds
-
-    @contextmanager
-    def timed(self, part: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.add(part, time.perf_counter() - start)
-
-    def instrument(self, trainer: Any) -> None:
-        clock = self
-        generate, score = trainer._generate, trainer._generate_and_score_completions
-        logps, training_step = trainer._get_per_token_logps_and_entropies, trainer.training_step
-
-        def _generate(prompts):
-            with clock.timed("generation"):
-                out = generate(prompts)
-            prompt_ids, completion_ids = out[0], out[1]
-            clock._tok["prompt"] = clock._tok.get("prompt", 0) + sum(len(p) for p in prompt_ids)
-            clock._tok["completion"] = clock._tok.get("completion", 0) + sum(len(c) for c in completion_ids)
-            # one generate call decodes its longest completion's length in sequential forward passes
-            clock._tok["decode_steps"] = clock._tok.get("decode_steps", 0) + max((len(c) for c in completion_ids), default=0)
-            return out
-
-        def _score(batch):
-            clock._scoring = True
-            try:
-                with clock.timed("_scoring"):
-                    return score(batch)
-            finally:
-                clock._scoring = False
-
-        def _logps(*args, **kwargs):
-            if not clock._scoring:
-                return logps(*args, **kwargs)
-            with clock.timed("reference_forward"):
-                return logps(*args, **kwargs)
-
-        def _training_step(*args, **kwargs):
-            with clock.timed("_training_step"):
-                return training_step(*args, **kwargs)
-
-        trainer._generate, trainer._generate_and_score_completions = _generate, _score
-        trainer._get_per_token_logps_and_entropies, trainer.training_step = _logps, _training_step
-
-    def callback(self):
-        from transformers import TrainerCallback
-
-        clock = self
-
-        class Clock(TrainerCallback):
-            def on_step_begin(self, args, state, control, **kw):
-                clock._cur, clock._tok = {}, {}
-                clock._step_start = time.perf_counter()
-
-            def on_pre_optimizer_step(self, args, state, control, **kw):
-                clock._opt_start = time.perf_counter()
-
-            def on_optimizer_step(self, args, state, control, **kw):
-                clock.add("optimizer", time.perf_counter() - clock._opt_start)
-
-            def on_step_end(self, args, state, control, **kw):
-                c = clock._cur
-                total = time.perf_counter() - clock._step_start
-                scoring = c.get("_scoring", 0.0)
-                parts = {
-                    "generation": c.get("generation", 0.0),
-                    "reference_forward": c.get("reference_forward", 0.0),
-                    "policy_forward_backward": c.get("_training_step", 0.0) - scoring,
-                    "optimizer": c.get("optimizer", 0.0),
-                }
-                parts["other"] = total - sum(parts.values())
-                clock.steps.append({"step": total, **parts})
-                clock.tokens.append(dict(clock._tok))
-
-        return Clock()
-
-
-def step_flops(model: Any, tokens: dict[str, float], lora: bool, reference_passes: int) -> dict[str, float]:
-    """Useful FLOPs of one step's parts (see the module docstring)."""
-    import torch
-
-    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    cfg = model.config
-    layers, width = cfg.num_hidden_layers, cfg.num_attention_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
-    seqs = max(tokens.get("sequences", 1), 1)
-    per_seq = (tokens["prompt"] + tokens["completion"]) / seqs
-    attention = 4 * layers * width * per_seq / 2  # per token, at the mean causal context
-
-    def forward(n_tokens: float) -> float:
-        return n_tokens * (2 * linear + attention)
-
-    all_tokens = tokens["prompt"] + tokens["completion"]
-    return {
-        "generation": forward(all_tokens),
-        "reference_forward": reference_passes * forward(all_tokens),
-        "policy_forward_backward": forward(all_tokens) * (2 if lora else 3),
-        "linear_parameters": linear,
-    }
-
-
 def decode_read_bytes(model: Any, tokens: dict[str, float], linear: int, weight_bytes: int) -> float:
     """Bytes one step's rollouts read: per sequential decode step every one of the `linear` weights
     (step_flops' linear_parameters) once at `weight_bytes` each, and the KV cache of every sequence at
@@ -251,9 +136,7 @@ def build_trainer(workdir: Path, overrides: list[str], steps: int, clock: StepCl
     os.chdir(workdir)
     params = load_params("params.yaml", [*overrides, "grpo.init_dir=models/base"])
     args, peft_config = grpo.trainer_settings(params)
-    for key, value in {"max_steps": steps, "report_to": [], "save_strategy": "no", "logging_steps": 1,
-                       "output_dir": str(workdir / "checkpoints"), "log_completions": False}.items():
-        setattr(args, key, value)
+    bench_args(args, steps, workdir / "checkpoints").log_completions = False
     model, tokenizer, _base, _inputs, (args, peft_config) = grpo.start_model(params, (args, peft_config))
     rows = read_split(Path(params.data.output_dir) / "grpo.jsonl")
     dataset = grpo.prompt_dataset(rows, tokenizer)
@@ -276,9 +159,8 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
     seqs = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
     with redirect_stdout(sys.stderr):  # the trainer's log lines: stdout keeps the JSON only
         trainer.train()
-    measured, tokens = clock.steps[warmup:], clock.tokens[warmup:]
-    mean = {k: statistics.fmean(s[k] for s in measured) for k in ("step", *PARTS)}
-    tok = {k: statistics.fmean(t.get(k, 0) for t in tokens) for k in ("prompt", "completion", "decode_steps")}
+    measured = clock.steps[warmup:]
+    mean, tok = clock.mean_step(warmup)
     lora = bool(params.grpo.use_lora)
     reference_passes = (1 if params.grpo.beta else 0) + (1 if params.grpo.num_iterations > 1 else 0)
     flops = step_flops(trainer.model, {**tok, "sequences": seqs}, lora, reference_passes)
@@ -295,7 +177,7 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
     return {
         "step_seconds": round(mean["step"], 4),
         "parts": {k: round(mean[k], 4) for k in PARTS},
-        "tokens": {k: round(v, 1) for k, v in tok.items()},
+        "tokens": {k: round(tok[k], 1) for k in ("prompt", "completion", "decode_steps")},
         "floor_seconds": figure(floor_seconds),
         "floor_ratio": round(mean["step"] / floor_seconds, 3),
         "floor_parts": {k: figure(v) for k, v in floor.items()},

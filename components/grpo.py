@@ -165,10 +165,16 @@ def _trainer_class():
     """GRPOTrainer that also logs its sampled completions to MLflow as a table.
 
     TRL logs that table to wandb/trackio only, and writes parquet files under log_completions;
-    here the rows it keeps for that purpose go to the MLflow run at every logging step.
+    here the rows it keeps for that purpose go to the MLflow run at every logging step. Where MLflow
+    is not installed (benchmarks/gpu_check.py on a GPU machine that carries only the training
+    libraries) there is no run to log to, and the trainer is TRL's.
     """
-    import mlflow
     from trl import GRPOTrainer
+
+    try:
+        import mlflow
+    except ImportError:
+        return GRPOTrainer
 
     class Trainer(GRPOTrainer):
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
