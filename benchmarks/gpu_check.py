@@ -4,7 +4,7 @@ For each preset named (default qwen2.5-0.5b-gpu, then qwen2.5-1.5b-gpu while the
 it builds a model of the preset's architecture (ARCHITECTURES: the real model's config values) at
 random initialisation: nothing is downloaded, and its speed and memory are the real model's. Its
 tokenizer is trained here and widened to the model's vocabulary; the folder is a user's model that
-`model.name_or_path` points at. Params: params.yaml, the preset's overrides (pipelines/presets.py),
+`model.name_or_path` points at. Params: params.yaml, the preset's overrides (pipelines/params/presets.py),
 then CHECK (synthetic data, `grpo.use_vllm=false`, evaluation on transformers). Phases:
 
   data       the data stage's splits (components/data.py write_splits)
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     from components.common.tracking import package_versions
     from components.training.finetune import quiet_known_warnings
     from components.training.precision import native_bf16
-    from pipelines.presets import overrides as preset_overrides
+    from pipelines.params.presets import overrides as preset_overrides
 
     report: dict[str, Any] = {
         "check": "cpu" if args.cpu else "cuda",

@@ -93,7 +93,7 @@ def test_set_param_given_with_a_preset_wins(tmp_path):
     assert written["sft"]["trainer"]["learning_rate"] == 2.0e-4  # the preset's
     assert written["sft"]["trainer"]["save_steps"] == 25
     assert written["model"]["name_or_path"] == "smollm2-135m-instruct"
-    assert "# tiny (offline Qwen2-style model)" in params_file.read_text()  # comments kept
+    assert "  # 'tiny' (a small Qwen2-style model built offline)" in params_file.read_text()  # the help kept
     assert load_params(params_file, root=tmp_path).sft.trainer["max_steps"] == 4
 
 

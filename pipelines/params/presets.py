@@ -19,7 +19,7 @@ import yaml
 
 from components.common.errors import ConfigError
 
-PRESETS_DIR = Path(__file__).resolve().parents[1] / "presets"
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 KEYS = ("description", "memory", "params")
 
 
