@@ -277,7 +277,7 @@ def run(params: Params) -> Path:
     from components.training import signal_monitor
     from components.training.dev_accuracy import dev_callback
     from components.training.rewards import build_rewards
-    from components.training.stage_run import TrainingJob, train_stage
+    from components.training.job import TrainingJob, train_stage
 
     cfg = params.grpo
     settings = trainer_settings(params)  # fails before any data or model is loaded

@@ -131,7 +131,7 @@ def run(params: Params) -> Path:
 
     from components.models import modelio
     from components.problems.sources import read_split
-    from components.training.stage_run import TrainingJob, train_stage
+    from components.training.job import TrainingJob, train_stage
 
     cfg, train = params.sft, Path(params.data.output_dir) / "train.jsonl"
     settings = trainer_settings(params)  # fails before any data or model is loaded

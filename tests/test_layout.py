@@ -226,7 +226,7 @@ RERUNS = {
     # one concern, one or two stages
     "components/training/finetune.py": {"sft", "grpo"},
     "components/training/precision.py": {"sft", "grpo"},
-    "components/training/stage_run.py": {"sft", "grpo"},
+    "components/training/job.py": {"sft", "grpo"},
     "components/training/train_samples.py": {"sft", "grpo"},
     "components/training/dev_accuracy.py": {"sft", "grpo"},
     "components/evaluation/metrics.py": {"evaluate"},

@@ -3,7 +3,7 @@ params, resuming from checkpoints, and the end of a run (train, save the model f
 atomically, log sample completions and the summary to MLflow, write the report and the per-step history CSV).
 
 Not a stage: the training stages build their TRL arguments here and train through
-components/training/stage_run.py, which calls the rest. Under `accelerate launch`
+components/training/job.py, which calls the rest. Under `accelerate launch`
 every process runs the stage: the main process alone logs to MLflow and writes files.
 
 Resuming: a stage writes its Trainer checkpoints into `<section>.checkpoint_dir` (not a DVC

@@ -69,7 +69,7 @@ def _stage_run_id(parent_run_id: str, stage: str, since_ms: int, status: str) ->
     return run.info.run_id
 
 
-def run_stage_here(
+def run_in_working_copy(
     stage: str,
     commit: str,
     params_yaml: str,
@@ -136,12 +136,12 @@ def stage_flow(
     stage: str, commit: str, params_yaml: str, dvc_lock: str, remote_url: str, parent_run_id: str, tracking_uri: str
 ) -> dict[str, Any]:
     """One dvc.yaml stage in a clean working copy of `commit` (what the per-stage deployments run)."""
-    return run_stage_here(stage, commit, params_yaml, dvc_lock, remote_url, parent_run_id, tracking_uri)
+    return run_in_working_copy(stage, commit, params_yaml, dvc_lock, remote_url, parent_run_id, tracking_uri)
 
 
 def cli_stage(args: argparse.Namespace) -> int:
     """`grpoflow stage NAME --commit SHA ...`: run one stage here; prints its result as JSON."""
-    result = run_stage_here(
+    result = run_in_working_copy(
         args.name, args.commit, Path(args.params_file).read_text(),
         Path(args.lock_file).read_text() if args.lock_file else "", args.remote, args.parent_run_id,
         args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", ""), workdir=args.workdir, keep=args.keep,
