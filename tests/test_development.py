@@ -146,19 +146,6 @@ def test_adding_a_stage_as_the_guide_says(clone, tmp_path):
     assert "noop:\n  # The noop stage's output.\n  output_file: reports/noop.json" in described
 
 
-@pytest.mark.parametrize("step, test", [
-    ("dep", "tests/test_layout.py::test_dvc_deps_list_every_module_the_stage_imports"),
-    ("help", "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it"),
-    ("reruns", "tests/test_layout.py::test_the_rerun_table_covers_every_module_a_stage_imports"),
-    ("files", "tests/test_layout.py::test_file_list_follows_the_tree"),
-])
-def test_a_step_left_out_fails_the_test_the_guide_names(clone, tmp_path, step, test):
-    assert test.split("::")[1] in GUIDE
-    root = stage_copy(clone, tmp_path / "repo", leave_out=step)
-    res = pytest_in(root, test)
-    assert res.returncode == 1 and "failed" in res.stdout, res.stdout[-3000:]
-
-
 PARAM_CHECKS = ["tests/test_config.py::test_repo_params_load_and_match_dataclass_defaults",
                 "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it",
                 "tests/test_config.py::test_config_command_explains_every_key_as_yaml", "tests/test_layout.py"]
@@ -186,15 +173,21 @@ def test_adding_a_param_takes_the_two_steps_the_guide_names(clone, tmp_path):
     assert "  # How many noops per step (a throwaway key).\n  noop_knob: 3\n" in described
 
 
-@pytest.mark.parametrize("step, test", [
-    ("help", "test_every_params_key_has_its_help_in_the_comment_block_above_it"),
-    ("default", "test_repo_params_load_and_match_dataclass_defaults"),
-    ("field", "test_every_params_key_has_its_help_in_the_comment_block_above_it"),
+@pytest.mark.parametrize("guide, step, test", [
+    ("stage", "dep", "tests/test_layout.py::test_dvc_deps_list_every_module_the_stage_imports"),
+    ("stage", "help", "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it"),
+    ("stage", "reruns", "tests/test_layout.py::test_the_rerun_table_covers_every_module_a_stage_imports"),
+    ("stage", "files", "tests/test_layout.py::test_file_list_follows_the_tree"),
+    ("param", "help", "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it"),
+    ("param", "default", "tests/test_config.py::test_repo_params_load_and_match_dataclass_defaults"),
+    ("param", "field", "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it"),
 ])
-def test_a_param_step_left_out_fails_its_test(clone, tmp_path, step, test):
-    root = stage_copy(clone, tmp_path / "repo", add_stage=False)
-    add_param(root, leave_out=step)
-    res = pytest_in(root, f"tests/test_config.py::{test}")
+def test_a_step_left_out_fails_the_test_the_guide_names(clone, tmp_path, guide, step, test):
+    assert test.split("::")[1] in GUIDE
+    root = stage_copy(clone, tmp_path / "repo", leave_out=step, add_stage=guide == "stage")
+    if guide == "param":
+        add_param(root, leave_out=step)
+    res = pytest_in(root, test)
     assert res.returncode == 1 and "failed" in res.stdout, res.stdout[-3000:]
 
 
