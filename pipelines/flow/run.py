@@ -85,7 +85,8 @@ def _run(args: argparse.Namespace, root: Path) -> int:
         return fail(exc, 1)
     except (KeyboardInterrupt, ExternalSignal) as exc:
         signum = getattr(exc, "signum", getattr(exc, "signal", signal.SIGINT))
-        print(f"interrupted during {resume_hint(load_checked(args, root), root, interrupted_stage(exc))}",
+        # on a line of its own: the stage's progress bar may have left the cursor mid-line (\r, no \n)
+        print(f"\ninterrupted during {resume_hint(load_checked(args, root), root, interrupted_stage(exc))}",
               file=sys.stderr, flush=True)
         return 128 + signum
     print(format_run_summary(summary))
