@@ -63,11 +63,16 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.grpo_gain import OFFLINE_ENV, run_stage  # noqa: E402 (the same environment and stage runner)
-from benchmarks.step_clock import PARTS, StepClock, bench_args, step_flops  # noqa: E402
+from benchmarks.step_clock import PARTS, StepClock, bench_args, step_flops, throughput  # noqa: E402
 
-# What --compare puts side by side: today's path (the settings before issue 31) and the new one (the preset).
-PATHS: dict[str, list[str]] = {  # overrides on top of the preset
-    "before": ["grpo.rollout_merge_lora=false", "grpo.logps_batching=padded", "model.cpu_training_precision=float32"],
+# What --compare puts side by side (overrides on top of the preset): the GRPO path of
+# smollm2-135m-cpu-rl before issue 41 (2 prompts x 8 completions a step, one generate call each,
+# per-sequence log-probs, bf16 rollouts on merged LoRA weights) and the preset as it is.
+PATHS: dict[str, list[str]] = {
+    "before": ["grpo.rollout_engine=generate", "grpo.informative_groups_only=false", "grpo.frozen_weights_bf16=false",
+               "grpo.logps_batching=per_sequence", "grpo.rollout_merge_lora=true",
+               "grpo.trainer.per_device_train_batch_size=16", "grpo.trainer.steps_per_generation=null",
+               "grpo.trainer.generation_batch_size=null", "grpo.trainer.gradient_accumulation_steps=1"],
     "after": [],  # the preset as it is
 }
 
@@ -126,8 +131,9 @@ def decode_read_bytes(model: Any, tokens: dict[str, float], linear: int, weight_
     return tokens.get("decode_steps", 0) * (linear * weight_bytes + seqs * context * kv_per_token)
 
 
-def build_trainer(workdir: Path, overrides: list[str], steps: int, clock: StepClock):
-    """The GRPO stage's trainer from the base model, as components/grpo.py builds it (no MLflow, no checkpoints)."""
+def build_trainer(workdir: Path, overrides: list[str], generations: int, clock: StepClock):
+    """The GRPO stage's trainer from the base model, as components/grpo.py builds it (no MLflow, no
+    checkpoints), for `generations` generation batches (each trainer.steps_per_generation steps)."""
     from components import grpo
     from components.problems.sources import read_split
     from components.training.rewards import build_rewards
@@ -136,7 +142,7 @@ def build_trainer(workdir: Path, overrides: list[str], steps: int, clock: StepCl
     os.chdir(workdir)
     params = load_params("params.yaml", [*overrides, "grpo.init_dir=models/base"])
     args, peft_config = grpo.trainer_settings(params)
-    bench_args(args, steps, workdir / "checkpoints").log_completions = False
+    bench_args(args, generations * args.steps_per_generation, workdir / "checkpoints").log_completions = False
     model, tokenizer, _base, _inputs, (args, peft_config) = grpo.start_model(params, (args, peft_config))
     rows = read_split(Path(params.data.output_dir) / "grpo.jsonl")
     dataset = grpo.prompt_dataset(rows, tokenizer)
@@ -156,9 +162,11 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
 
     clock = StepClock()
     trainer, params = build_trainer(workdir, overrides, warmup + steps, clock)
-    seqs = trainer.args.per_device_train_batch_size * trainer.args.steps_per_generation
+    per_generation = trainer.args.steps_per_generation
+    seqs = trainer.args.generation_batch_size // per_generation  # completions a step trains (all kept)
     with redirect_stdout(sys.stderr):  # the trainer's log lines: stdout keeps the JSON only
         trainer.train()
+    warmup *= per_generation  # whole generation batches: each one's generation falls in its first step
     measured = clock.steps[warmup:]
     mean, tok = clock.mean_step(warmup)
     lora = bool(params.grpo.use_lora)
@@ -171,7 +179,8 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
     # the rollouts read weights in the dtype they decode in: bf16 where training autocasts on a CPU
     # (components/grpo.py rollout_context), else the model's own
     rollout_bytes = 2 if trainer.args.bf16 else next(trainer.model.parameters()).element_size()
-    reads = decode_read_bytes(trainer.model, {**tok, "sequences": seqs}, flops["linear_parameters"], rollout_bytes) / (read_rate * 1e9)
+    reads = decode_read_bytes(trainer.model, {**tok, "sequences": seqs * per_generation}, flops["linear_parameters"],
+                              rollout_bytes) / (read_rate * 1e9)
     roofline = {**floor, "generation": max(floor["generation"], reads)}
     roofline_seconds = sum(roofline.values())
     return {
@@ -184,6 +193,10 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
         "roofline_seconds": figure(roofline_seconds),
         "roofline_ratio": round(mean["step"] / roofline_seconds, 3),
         "generation_read_seconds": figure(reads),
+        **throughput(clock, warmup, trainer.state.log_history),
+        "max_completion_length": trainer.args.max_completion_length,
+        "generation_batch": trainer.args.generation_batch_size,
+        "steps_per_generation": per_generation,
         "precision": dtype,
         "threads": torch.get_num_threads(),
         "native_bf16": precision.native_bf16(),
@@ -194,12 +207,28 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
     }
 
 
+def compared(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Both paths and their ratios: `throughput_speedup` (completions a second, after / before: what
+    issue 41 asks), `informative_speedup` (completions of informative groups a second), `speedup`
+    (seconds a step, before / after; the steps of the two paths may train different numbers of
+    completions)."""
+    before, after = results["before"], results["after"]
+
+    def ratio(key: str) -> float | None:
+        return round(after[key] / before[key], 2) if before.get(key) and after.get(key) is not None else None
+
+    return {"before": before, "after": after, "throughput_speedup": ratio("completions_per_second"),
+            "informative_speedup": ratio("informative_completions_per_second"),
+            "speedup": round(before["step_seconds"] / after["step_seconds"], 2)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="smollm2-135m-cpu",
-                        help="a preset of presets/ (default smollm2-135m-cpu; '' = the embedded defaults)")
-    parser.add_argument("--steps", type=int, default=2, help="measured steps per path (default 2)")
-    parser.add_argument("--warmup", type=int, default=1, help="steps run first and not measured (default 1)")
+    parser.add_argument("--preset", default="smollm2-135m-cpu-rl",
+                        help="a preset of presets/ (default smollm2-135m-cpu-rl; '' = the embedded defaults)")
+    parser.add_argument("--steps", type=int, default=2,
+                        help="measured generation batches per path, each trainer.steps_per_generation steps (default 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="generation batches run first and not measured (default 1)")
     parser.add_argument("--compare", action="store_true", help="today's path and the new one in one run (PATHS)")
     parser.add_argument("--path", choices=sorted(PATHS), default="after", help="the path without --compare (default after)")
     parser.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE", help="a params override")
@@ -229,9 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                              "matmul_gflops": rates, "read_gbps": read_rate}
             print(f"grpo_step: {name} took {time.monotonic() - start:.0f} s", file=sys.stderr)
             os.chdir(cwd)
-        out: dict[str, Any] = {"preset": args.preset or "(embedded defaults)", **({"before": results["before"], "after": results["after"],
-                               "speedup": round(results["before"]["step_seconds"] / results["after"]["step_seconds"], 2)}
-                               if args.compare else results[args.path])}
+        out: dict[str, Any] = {"preset": args.preset or "(embedded defaults)",
+                               **(compared(results) if args.compare else results[args.path])}
         out["load_average_1m"] = round(os.getloadavg()[0], 2)
         print(json.dumps(out, indent=2))
     finally:

@@ -186,3 +186,24 @@ def bench_args(args: Any, steps: int, output_dir: Path) -> Any:
         setattr(args, key, value)
     return args
 
+
+
+def throughput(clock: StepClock, warmup: int, log_history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Completions and completion tokens a second over the steps after the first `warmup` (every
+    completion sampled and scored in them, over their seconds), the mean share of informative groups
+    (the trainer's `informative_groups` metric: groups whose rewards are not all equal), and the
+    completions of those groups a second."""
+    seconds = sum(s["step"] for s in clock.steps[warmup:])
+    counts = clock.tokens[warmup:]
+    completions = sum(t.get("completions", 0) for t in counts)
+    tokens = sum(t.get("completion", 0) for t in counts)
+    shares = [e["informative_groups"] for e in log_history
+              if e.get("step", 0) > warmup and e.get("informative_groups") is not None]
+    share = statistics.fmean(shares) if shares else None
+    return {
+        "completions": completions,
+        "completions_per_second": round(completions / seconds, 4) if seconds else 0.0,
+        "completion_tokens_per_second": round(tokens / seconds, 2) if seconds else 0.0,
+        "informative_groups": round(share, 4) if share is not None else None,
+        "informative_completions_per_second": round(share * completions / seconds, 4) if seconds and share is not None else None,
+    }

@@ -80,19 +80,63 @@ def fingerprint_settings(params: Params) -> dict[str, Any]:
 def trainer_class(params: Params):
     """The stage's GRPOTrainer class for these params: _trainer_class, whose transformers rollouts
     run in rollout_context (the LoRA adapter folded into the base weights when
-    `grpo.rollout_merge_lora` is on; bf16 weights on a CPU where training autocasts to bf16), and
-    whose log-prob passes run per sequence without padding when `grpo.logps_batching` is
-    per_sequence (unpadded_logps; text-only batches, anything else goes to TRL's own pass)."""
+    `grpo.rollout_merge_lora` is on; bf16 weights on a CPU where training autocasts to bf16) through
+    `model.generate` or, with `grpo.rollout_engine: batched`, rollouts.sample; whose log-prob passes
+    run per sequence without padding when `grpo.logps_batching` is per_sequence (unpadded_logps;
+    text-only batches, anything else goes to TRL's own pass), with the frozen weights held in bf16
+    when `grpo.frozen_weights_bf16` is on (a CPU training in bf16); which logs `informative_groups`
+    (the share of groups with a reward spread) at every generation; and, with
+    `grpo.informative_groups_only`, trains on those groups alone (informative.InformativeGroupsMixin)."""
+    from components.training import informative, rollouts
+
     base = _trainer_class()
-    merge, per_sequence = params.grpo.rollout_merge_lora, params.grpo.logps_batching == "per_sequence"
+    cfg = params.grpo
+    merge, per_sequence = cfg.rollout_merge_lora, cfg.logps_batching == "per_sequence"
 
     class Trainer(base):
-        def _generate_single_turn(self, *args: Any, **kwargs: Any):
+        def _cpu_bf16(self) -> bool:
+            return bool(self.args.bf16) and self.accelerator.device.type == "cpu"
+
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args: Any, **kwargs: Any):
             if self.use_vllm:  # vLLM holds its own copy of the weights
-                return super()._generate_single_turn(*args, **kwargs)
-            cpu_bf16 = bool(self.args.bf16) and self.accelerator.device.type == "cpu"
-            with rollout_context(self.accelerator.unwrap_model(self.model), merge, cpu_bf16):
-                return super()._generate_single_turn(*args, **kwargs)
+                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
+            with rollout_context(self.accelerator.unwrap_model(self.model), merge, self._cpu_bf16()):
+                if (cfg.rollout_engine == "batched" and images is None and not multimodal_fields
+                        and not self.use_transformers_continuous_batching and rollouts.supported(self.generation_config)):
+                    return self._batched_rollouts(prompt_ids), None
+                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
+
+        def _batched_rollouts(self, prompt_ids: list[list[int]]) -> list[list[int]]:
+            from trl.models.utils import unwrap_model_for_generation
+
+            with unwrap_model_for_generation(self.model_wrapped, self.accelerator,  # as TRL's generate path
+                                             gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                                             gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as model:
+                return rollouts.sample(model, prompt_ids, self.generation_config, self.max_completion_length,
+                                       self.eos_token_ids, self._tokenizer.pad_token_id)
+
+        def _passes_context(self):
+            from components.training.precision import bf16_weights
+
+            if cfg.frozen_weights_bf16 and self._cpu_bf16():
+                return bf16_weights(self.accelerator.unwrap_model(self.model), frozen_linear_only=True)
+            return contextlib.nullcontext()
+
+        def training_step(self, *args: Any, **kwargs: Any):
+            with self._passes_context():
+                return super().training_step(*args, **kwargs)
+
+        def _generate_and_score_completions(self, inputs):
+            with self._passes_context():
+                return super()._generate_and_score_completions(inputs)
+
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            self._last_rewards = rewards
+            if self.model.training:
+                weighted = informative.weighted_rewards(rewards, self.reward_weights)
+                self._metrics["train"]["informative_groups"].append(informative.informative_share(weighted, self.num_generations))
+            return rewards
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
             if not per_sequence or args or any(v is not None for k, v in kwargs.items()
@@ -102,6 +146,11 @@ def trainer_class(params: Params):
             return unpadded_logps(super()._get_per_token_logps_and_entropies, model, input_ids, attention_mask,
                                   logits_to_keep, **kwargs)
 
+    if cfg.informative_groups_only:
+        class InformativeTrainer(informative.InformativeGroupsMixin, Trainer):
+            pass
+
+        return InformativeTrainer
     return Trainer
 
 
@@ -230,6 +279,10 @@ def trainer_settings(params: Params) -> tuple[Any, Any]:
         )
     args = finetune.build_trl_args(TRLGRPOConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir,
                                    cpu_bf16=finetune.cpu_bf16(params.model.cpu_training_precision), **recipe(params))
+    if cfg.informative_groups_only and args.multi_objective_aggregation != "sum_then_normalize":
+        raise ConfigError("grpo.informative_groups_only: with trainer.multi_objective_aggregation="
+                          f"{args.multi_objective_aggregation} a group with equal rewards still has an advantage "
+                          "(normalized over the batch); use sum_then_normalize or turn the option off")
     return args, finetune.lora_config(STAGE, cfg.lora) if cfg.use_lora else None
 
 

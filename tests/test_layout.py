@@ -248,6 +248,8 @@ RERUNS = {
     "components/sft.py": {"sft"},
     "components/training/rewards.py": {"grpo"},
     "components/training/signal_monitor.py": {"grpo"},
+    "components/training/rollouts.py": {"grpo"},
+    "components/training/informative.py": {"grpo"},
 }
 
 

@@ -10,6 +10,10 @@ benchmarks/grpo_step.py measures both rates.
     cpu_flags(cpuinfo_text)       the feature flags of /proc/cpuinfo's text
     bf16_weights(model)           context: the model's float32 parameters held in bf16 (GRPO's
                                   rollouts), the exact float32 tensors put back on exit
+    bf16_weights(model, frozen_linear_only=True)
+                                  the same for the frozen weights of linear layers only (GRPO's
+                                  log-prob and loss passes under bf16 autocast: what autocast
+                                  computes, without casting every frozen weight at every call)
 """
 
 from __future__ import annotations
@@ -62,17 +66,34 @@ class bf16_weights:  # noqa: N801 (a context manager used as `with bf16_weights(
     hold). What GRPO's CPU rollouts decode with where training autocasts to bf16: autocast alone
     re-casts a frozen weight at every decode step (its cast cache keeps only weights that require
     grad), which made SmolLM2's rollouts slower than float32 (benchmarks/RESULTS.md). Costs the bf16
-    copy, half the float32 weights, while inside."""
+    copy, half the float32 weights, while inside.
 
-    def __init__(self, model: Any):
+    With `frozen_linear_only`, only the weights of linear layers that do not require grad (a LoRA
+    run's base, the KL reference's adapter) and are not shared with an embedding (a tied LM head):
+    exactly the bf16 operands autocast would make of them at every call, so the log-prob and loss
+    passes under bf16 autocast compute the same numbers without re-casting them (the trainable
+    weights, embeddings and norms stay float32). Only inside bf16 autocast: outside it a bf16
+    weight meets float32 inputs."""
+
+    def __init__(self, model: Any, frozen_linear_only: bool = False):
         self.model = model
+        self.frozen_linear_only = frozen_linear_only
         self.saved: list[tuple[Any, Any]] = []
+
+    def _params(self) -> list[Any]:
+        import torch
+
+        if not self.frozen_linear_only:
+            return list(self.model.parameters())
+        embeddings = {id(m.weight) for m in self.model.modules() if isinstance(m, torch.nn.Embedding)}
+        return [m.weight for m in self.model.modules() if isinstance(m, torch.nn.Linear)
+                and not m.weight.requires_grad and id(m.weight) not in embeddings]
 
     def __enter__(self) -> Any:
         import torch
 
         with torch.no_grad():
-            for param in self.model.parameters():
+            for param in self._params():
                 if param.dtype == torch.float32:
                     self.saved.append((param, param.data))
                     param.data = param.data.to(torch.bfloat16)

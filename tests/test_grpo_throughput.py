@@ -1,0 +1,187 @@
+"""GRPO's throughput options on a CPU (issue 41), each checked on a tiny model:
+
+- `grpo.rollout_engine: batched` (components/training/rollouts.py): the same tokens as
+  `model.generate` (greedy through top-k 1 with rows ending early and leaving the batch; sampled with
+  the same seed while no row has left), each distinct prompt prefilled once, inside the stage's trainer;
+- `grpo.informative_groups_only` (components/training/informative.py): only the groups with a reward
+  spread reach the KL reference's log-prob pass and the loss, the history logs their share;
+- `grpo.frozen_weights_bf16`: the loss pass computes with the frozen weights in bf16 and the trainable
+  ones in float32, the same log-probs as autocast alone.
+
+    pytest -q tests/test_grpo_throughput.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from components.common.files import jsonl_bytes  # noqa: E402
+from components.common.params import DataParams, ModelParams  # noqa: E402
+from pipelines.params.config import load_params  # noqa: E402
+
+TINY = dict(tiny_hidden_size=32, tiny_num_heads=2, tiny_num_layers=2, tiny_intermediate_size=64, tiny_vocab_size=300)
+
+
+def tiny_llama(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, eos_token_id=5)
+    return LlamaForCausalLM(config).eval()
+
+
+PROMPTS = [[3, 4, 7, 8, 9], [3, 4, 7, 8, 9], [11, 12], [11, 12], [20, 21, 22, 23, 24, 25, 26], [30, 31, 32],
+           [40, 41, 42, 43], [50, 51], [60], [70, 71, 72, 73, 74, 75, 76, 77]]
+
+
+def generated(model, prompts, config):
+    """model.generate's completions of left-padded `prompts`, each cut after its first EOS."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)[:, width:].tolist()
+    eos = config.eos_token_id
+    return [row[: next((i + 1 for i, t in enumerate(row) if t in eos), len(row))] for row in out]
+
+
+def test_batched_rollouts_decode_what_generate_decodes_with_rows_ending_and_leaving_the_batch():
+    from transformers import GenerationConfig
+
+    from components.training import rollouts
+
+    model = tiny_llama()
+    eos = [44, 86]  # tokens this model samples early in some rows and never in others
+    config = GenerationConfig(do_sample=True, top_k=1, max_new_tokens=12, pad_token_id=0, eos_token_id=eos)
+    ours = rollouts.sample(model, PROMPTS, config, 12, eos, 0)
+    assert ours == generated(model, PROMPTS, config)
+    lengths = sorted(len(c) for c in ours)
+    assert lengths[0] < 4 and lengths[-1] == 12  # rows ended (and left the batch) while others went on
+    assert all(c[-1] in eos for c in ours if len(c) < 12)
+
+
+def test_batched_rollouts_sample_what_generate_samples_with_the_same_seed():
+    """While no row has left the batch, both draw from the same warped distribution with the same
+    random numbers: the same tokens (temperature, top-k and top-p through transformers' warpers)."""
+    from transformers import GenerationConfig
+
+    from components.training import rollouts
+
+    model = tiny_llama(1)
+    config = GenerationConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=10,
+                              pad_token_id=0, eos_token_id=[96])
+    torch.manual_seed(3)
+    ours = rollouts.sample(model, PROMPTS, config, 10, [96], 0, compact_share=2.0)  # no row leaves early
+    torch.manual_seed(3)
+    theirs = generated(model, PROMPTS, config)
+    assert ours == theirs and len({tuple(c) for c in ours}) > 5  # sampled, not one repeated answer
+    torch.manual_seed(4)
+    assert rollouts.sample(model, PROMPTS, config, 10, [96], 0) != ours  # and the seed matters
+
+
+def test_batched_rollouts_cover_only_the_sampling_settings_they_reproduce():
+    from transformers import GenerationConfig
+
+    from components.training import rollouts
+
+    assert rollouts.supported(GenerationConfig(do_sample=True, temperature=0.8, top_k=0, top_p=1.0, min_p=0.1,
+                                               repetition_penalty=1.0))
+    for other in ({"repetition_penalty": 1.2}, {"no_repeat_ngram_size": 3}, {"typical_p": 0.5}, {"do_sample": False},
+                  {"suppress_tokens": [3]}):
+        assert not rollouts.supported(GenerationConfig(**{"do_sample": True, **other})), other
+
+
+# The stage's trainer on a tiny model: groups of 2 completions; a reward that is constant for the
+# problems whose gold answer is even (uninformative groups) and the completion's length parity for the
+# others (informative as soon as two lengths differ in parity).
+def parity_reward(completions, gold, **kwargs):
+    return [1.0 if int(g) % 2 == 0 else float(len(c) % 2) for c, g in zip(completions, gold, strict=True)]
+
+
+def stage_trainer(tmp_path, monkeypatch, overrides):
+    from components import data, grpo
+    from components import model as model_stage
+
+    monkeypatch.chdir(tmp_path)
+    data.write_splits(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=40, synthetic_test_size=4,
+                                 synthetic_answer_only_size=24))
+    model, tokenizer = model_stage.build_tiny(ModelParams(seed=0, **TINY), tmp_path / "data/train.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "data/grpo.jsonl").read_text().splitlines()]
+    params = load_params(None, ["grpo.num_generations=2", "grpo.trainer.per_device_train_batch_size=4",
+                                "grpo.trainer.max_completion_length=12", "grpo.trainer.max_steps=4",
+                                "grpo.trainer.logging_steps=1", "grpo.trainer.report_to=[]", "grpo.beta=0.1",
+                                "grpo.use_lora=true", "grpo.trainer.save_strategy='no'", "grpo.temperature=1.5",
+                                f"grpo.checkpoint_dir={tmp_path / 'ck'}", *overrides])
+    args, peft_config = grpo.trainer_settings(params)
+    trainer = grpo.trainer_class(params)(
+        model=model, args=args, train_dataset=grpo.prompt_dataset(rows, tokenizer), processing_class=tokenizer,
+        peft_config=peft_config, reward_funcs=[parity_reward])
+    return trainer, rows
+
+
+@pytest.mark.parametrize("informative", [False, True])
+def test_only_informative_groups_reach_the_reference_pass_and_the_loss(tmp_path, monkeypatch, informative):
+    trainer, _ = stage_trainer(tmp_path, monkeypatch, [f"grpo.informative_groups_only={str(informative).lower()}",
+                                                       "grpo.trainer.steps_per_generation=2"])
+    losses, passes = [], []
+    compute = type(trainer)._compute_loss
+    monkeypatch.setattr(type(trainer), "_compute_loss",
+                        lambda self, model, inputs: (losses.append(inputs["advantages"].clone()), compute(self, model, inputs))[1])
+    from trl import GRPOTrainer
+
+    logps = GRPOTrainer._get_per_token_logps_and_entropies  # TRL's pass itself: what runs the model
+
+    def counted(self, model, input_ids, *args, **kwargs):
+        passes.append((torch.is_grad_enabled(), input_ids.size(0)))
+        return logps(self, model, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", counted)
+    trainer.train()
+    logs = [e for e in trainer.state.log_history if "informative_groups" in e]
+    assert len(logs) == 2  # 4 steps, a generation batch every 2
+    trained = torch.cat(losses)
+    shares = [e["informative_groups"] for e in logs]
+    assert 0 < sum(shares) < 2, shares  # some groups informative, some not (the premise)
+    if not informative:
+        assert len(trained) == 16 and (trained == 0).sum() > 0  # every completion, zero advantages included
+        assert sum(rows for grad, rows in passes if not grad) == 2 * 16
+        return
+    kept = [e["trained_completions"] for e in logs]
+    assert kept == [s * 8 for s in shares] and len(trained) == sum(kept)
+    assert (trained != 0).all()  # a kept row's group has a reward spread: it has an advantage
+    # the old policy's and the reference's passes, each on the kept rows only
+    assert sum(rows for grad, rows in passes if not grad) == 2 * sum(kept)
+
+
+@pytest.mark.parametrize("frozen_bf16", [False, True])
+def test_the_loss_pass_holds_the_frozen_weights_in_bf16_and_computes_what_autocast_computes(tmp_path, monkeypatch,
+                                                                                           frozen_bf16):
+    from peft.tuners.lora import LoraLayer
+
+    from components.training import precision
+
+    monkeypatch.setattr(precision, "native_bf16", lambda: True)  # bf16 autocast on any CPU (emulated where not native)
+    trainer, _ = stage_trainer(tmp_path, monkeypatch, [f"grpo.frozen_weights_bf16={str(frozen_bf16).lower()}",
+                                                       "model.cpu_training_precision=auto", "grpo.trainer.max_steps=1"])
+    assert trainer.args.bf16
+    layer = next(m for m in trainer.model.modules() if isinstance(m, LoraLayer))
+    seen: list[tuple[bool, torch.dtype, torch.dtype]] = []
+    layer.register_forward_hook(lambda mod, inp, out: seen.append(
+        (torch.is_grad_enabled(), mod.get_base_layer().weight.dtype, mod.lora_A["default"].weight.dtype)))
+    ids = torch.randint(3, 100, (3, 20))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        autocast_only = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 8)[0]
+        with trainer._passes_context():
+            held = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 8)[0]
+    assert torch.equal(held, autocast_only)  # the same bf16 operands, cast once instead of at every call
+    seen.clear()
+    trainer.train()
+    in_loss = {(base, lora) for grad, base, lora in seen if grad}
+    assert in_loss == {(torch.bfloat16 if frozen_bf16 else torch.float32, torch.float32)}
+    assert layer.get_base_layer().weight.dtype == torch.float32  # and float32 again once the pass is over
