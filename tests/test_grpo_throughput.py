@@ -1,8 +1,8 @@
 """GRPO's throughput options on a CPU (issue 41), each checked on a tiny model:
 
 - `grpo.rollout_engine: batched` (components/training/rollouts.py): the same tokens as
-  `model.generate` (greedy through top-k 1 with rows ending early and leaving the batch; sampled with
-  the same seed while no row has left), each distinct prompt prefilled once, inside the stage's trainer;
+  `model.generate` (greedy through top-k 1, rows ending early and leaving the batch), the first token
+  sampled from the temperature and top-k distribution, inside the stage's trainer;
 - `grpo.informative_groups_only` (components/training/informative.py): only the groups with a reward
   spread reach the KL reference's log-prob pass and the loss, the history logs their share;
 - `grpo.frozen_weights_bf16`: the loss pass computes with the frozen weights in bf16 and the trainable
@@ -65,23 +65,30 @@ def test_batched_rollouts_decode_what_generate_decodes_with_rows_ending_and_leav
     assert all(c[-1] in eos for c in ours if len(c) < 12)
 
 
-def test_batched_rollouts_sample_what_generate_samples_with_the_same_seed():
-    """While no row has left the batch, both draw from the same warped distribution with the same
-    random numbers: the same tokens (temperature, top-k and top-p through transformers' warpers)."""
+def test_batched_rollouts_sample_the_first_token_from_the_temperature_and_top_k_distribution():
+    """4000 rows of one prompt, one token each: the frequencies are the softmax of logits / T over the
+    top k (computed here by hand), within 5 standard deviations; nothing outside the top k."""
     from transformers import GenerationConfig
 
     from components.training import rollouts
 
     model = tiny_llama(1)
-    config = GenerationConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=10,
-                              pad_token_id=0, eos_token_id=[96])
-    torch.manual_seed(3)
-    ours = rollouts.sample(model, PROMPTS, config, 10, [96], 0, compact_share=2.0)  # no row leaves early
-    torch.manual_seed(3)
-    theirs = generated(model, PROMPTS, config)
-    assert ours == theirs and len({tuple(c) for c in ours}) > 5  # sampled, not one repeated answer
-    torch.manual_seed(4)
-    assert rollouts.sample(model, PROMPTS, config, 10, [96], 0) != ours  # and the seed matters
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40)  # logits spread over several units: the temperature matters
+    config = GenerationConfig(do_sample=True, temperature=0.7, top_k=5, max_new_tokens=1, pad_token_id=0,
+                              eos_token_id=[96])
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([PROMPTS[4]])).logits[0, -1].double()
+    top = logits.topk(5)
+    expected = torch.zeros_like(logits)
+    expected[top.indices] = torch.softmax(top.values / 0.7, dim=0)
+    torch.manual_seed(0)
+    n = 4000
+    first = [c[0] for c in rollouts.sample(model, [PROMPTS[4]] * n, config, 1, [96], 0)]
+    freq = torch.bincount(torch.tensor(first), minlength=logits.numel()).double() / n
+    sigma = (expected * (1 - expected) / n).sqrt()
+    assert set(first) <= set(top.indices.tolist()) and len(set(first)) >= 3
+    assert ((freq - expected).abs() <= 5 * sigma + 1e-12).all(), (freq[top.indices], expected[top.indices])
 
 
 def test_batched_rollouts_cover_only_the_sampling_settings_they_reproduce():

@@ -9,13 +9,17 @@ longest one is done. `sample` draws from the same distribution with less work:
 - each distinct prompt is prefilled once and its KV cache copied to its completions;
 - the KV cache of every layer is one buffer written in place (`BufferCache`), never concatenated;
 - rows that ended leave the batch (their cache rows dropped) once enough of them have ended;
-- the next token is drawn as `generate` draws it: the float32 logits through transformers' own
-  warpers, in its order (temperature, top-k, top-p, min-p), then one multinomial draw.
+- the next token is drawn from the distribution `generate` draws from (the float32 logits through
+  transformers' own warpers, in its order: temperature, top-k, top-p, min-p), by inverting its
+  cumulative distribution (`draw`): one uniform number a row, where `torch.multinomial` draws one
+  exponential number per vocabulary entry (126 ms of each decode step at 128 rows x 49,152 tokens
+  on this 2-core CPU against 3-34 ms).
 
 Settings it does not cover (`supported` says which) go to `model.generate`. Completions end with their
 first EOS token (kept, as TRL keeps it) or at `max_new_tokens`.
 
     supported(generation_config)   whether `sample` covers these generation settings
+    draw(probs)                    one index per row, drawn with the row's probabilities
     sample(model, prompt_ids, ...) the completions' token ids, one list per prompt row
     BufferCache(capacity, layers)  a KV cache of preallocated buffers (rows can be dropped)
 """
@@ -69,6 +73,24 @@ def warpers(generation_config: Any) -> list[Any]:
     if cfg.min_p is not None:
         out.append(MinPLogitsWarper(min_p=cfg.min_p, min_tokens_to_keep=1))
     return out
+
+
+def draw(probs: Any, generator: Any = None) -> Any:
+    """One column index per row of `probs` (rows of non-negative weights), drawn with probability
+    proportional to its weight: the first index whose float64 running sum reaches a uniform number
+    in (0, row sum]. A zero weight is never drawn.
+
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> counts = torch.bincount(draw(torch.tensor([[0.1, 0.0, 0.6, 0.3]]).expand(20000, 4)), minlength=4)
+    >>> [round(c / 20000, 1) for c in counts.tolist()]
+    [0.1, 0.0, 0.6, 0.3]
+    """
+    import torch
+
+    cumulative = probs.to(torch.float64).cumsum(-1)
+    u = (1.0 - torch.rand(probs.size(0), 1, dtype=torch.float64, device=probs.device, generator=generator))
+    return torch.searchsorted(cumulative, u * cumulative[:, -1:]).squeeze(1)
 
 
 def _buffer_layer_class():
@@ -188,7 +210,7 @@ def sample(model: Any, prompt_ids: list[list[int]], generation_config: Any, max_
             scores = logits.float()
             for warp in process:
                 scores = warp(None, scores)
-            token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            token = draw(torch.softmax(scores, dim=-1))
             for i, t in zip(active.tolist(), token.tolist(), strict=True):
                 if not ended[i]:
                     out[i].append(t)
