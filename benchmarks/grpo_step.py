@@ -69,7 +69,7 @@ from benchmarks.step_clock import PARTS, StepClock, bench_args, step_flops, thro
 # smollm2-135m-cpu-rl before issue 41 (2 prompts x 8 completions a step, one generate call each,
 # per-sequence log-probs, bf16 rollouts on merged LoRA weights) and the preset as it is.
 PATHS: dict[str, list[str]] = {
-    "before": ["grpo.rollout_engine=generate", "grpo.informative_groups_only=false", "grpo.frozen_weights_bf16=false",
+    "before": ["grpo.rollout_engine=generate", "grpo.informative_groups_only=false", "grpo.lean_logps=false",
                "grpo.logps_batching=per_sequence", "grpo.rollout_merge_lora=true",
                "grpo.trainer.per_device_train_batch_size=16", "grpo.trainer.steps_per_generation=null",
                "grpo.trainer.generation_batch_size=null", "grpo.trainer.gradient_accumulation_steps=1"],

@@ -82,16 +82,16 @@ def trainer_class(params: Params):
     run in rollout_context (the LoRA adapter folded into the base weights when
     `grpo.rollout_merge_lora` is on; bf16 weights on a CPU where training autocasts to bf16) through
     `model.generate` or, with `grpo.rollout_engine: batched`, rollouts.sample; whose log-prob passes
-    run per sequence without padding when `grpo.logps_batching` is per_sequence (unpadded_logps;
-    text-only batches, anything else goes to TRL's own pass), with the frozen weights held in bf16
-    when `grpo.frozen_weights_bf16` is on (a CPU training in bf16); which logs `informative_groups`
-    (the share of groups with a reward spread) at every generation; and, with
-    `grpo.informative_groups_only`, trains on those groups alone (informative.InformativeGroupsMixin)."""
-    from components.training import informative, rollouts
+    run as `grpo.logps_batching` says for text-only batches (components/training/logps.py: padded is
+    TRL's own pass) and, with `grpo.lean_logps`, with the LM head at the completions only and the
+    frozen weights in bf16 on a CPU training in bf16; which logs `informative_groups` (the share of
+    groups with a reward spread) at every generation; and, with `grpo.informative_groups_only`,
+    trains on those groups alone (informative.InformativeGroupsMixin)."""
+    from components.training import informative, logps, rollouts
 
     base = _trainer_class()
     cfg = params.grpo
-    merge, per_sequence = cfg.rollout_merge_lora, cfg.logps_batching == "per_sequence"
+    merge = cfg.rollout_merge_lora
 
     class Trainer(base):
         def _cpu_bf16(self) -> bool:
@@ -115,12 +115,15 @@ def trainer_class(params: Params):
                 return rollouts.sample(model, prompt_ids, self.generation_config, self.max_completion_length,
                                        self.eos_token_ids, self._tokenizer.pad_token_id)
 
-        def _passes_context(self):
+        def _passes_context(self) -> contextlib.ExitStack:
             from components.training.precision import bf16_weights
 
-            if cfg.frozen_weights_bf16 and self._cpu_bf16():
-                return bf16_weights(self.accelerator.unwrap_model(self.model), frozen_linear_only=True)
-            return contextlib.nullcontext()
+            stack = contextlib.ExitStack()
+            if cfg.lean_logps:
+                stack.enter_context(logps.compact_lm_head())
+                if self._cpu_bf16():
+                    stack.enter_context(bf16_weights(self.accelerator.unwrap_model(self.model), frozen_linear_only=True))
+            return stack
 
         def training_step(self, *args: Any, **kwargs: Any):
             with self._passes_context():
@@ -139,12 +142,16 @@ def trainer_class(params: Params):
             return rewards
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-            if not per_sequence or args or any(v is not None for k, v in kwargs.items()
-                                               if k not in ("batch_size", "compute_entropy", "compute_aux_loss")):
+            plain = args or kwargs.get("compute_aux_loss") or any(
+                v is not None for k, v in kwargs.items() if k not in ("batch_size", "compute_entropy", "compute_aux_loss"))
+            if plain or cfg.logps_batching == "padded":  # TRL's own pass (images, MoE aux loss: always)
                 return super()._get_per_token_logps_and_entropies(
                     model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-            return unpadded_logps(super()._get_per_token_logps_and_entropies, model, input_ids, attention_mask,
-                                  logits_to_keep, **kwargs)
+            if cfg.logps_batching == "shared_prefix" and not self.accelerator.unwrap_model(model).is_gradient_checkpointing:
+                return logps.shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep, self.accelerator.autocast,
+                                                 **kwargs)
+            return logps.unpadded_logps(super()._get_per_token_logps_and_entropies, model, input_ids, attention_mask,
+                                        logits_to_keep, **kwargs)
 
     if cfg.informative_groups_only:
         class InformativeTrainer(informative.InformativeGroupsMixin, Trainer):
@@ -152,7 +159,6 @@ def trainer_class(params: Params):
 
         return InformativeTrainer
     return Trainer
-
 
 def rollout_context(model: Any, merge: bool, cpu_bf16: bool) -> contextlib.ExitStack:
     """The context GRPO's transformers rollouts run in: the adapter folded into the base weights
@@ -171,43 +177,6 @@ def rollout_context(model: Any, merge: bool, cpu_bf16: bool) -> contextlib.ExitS
         if cpu_bf16:
             stack.enter_context(bf16_weights(model))
         return stack.pop_all()
-
-
-def unpadded_logps(compute, model, input_ids, attention_mask, logits_to_keep: int, **kwargs: Any):
-    """TRL's per-token log-probs (and entropies) computed one sequence at a time on its own tokens: the
-    prompt's left padding and the completion's right padding cut off, results padded back to the batch's
-    `logits_to_keep` columns with zeros (those positions are masked out of the loss). On a CPU a padded
-    batch spends its time on padding; a sequence alone still fills the matrix units. Positions then
-    count from the first real token, as in generation.
-
-    >>> import torch
-    >>> def compute(model, ids, mask, keep, **kw):  # stand-in: "log-prob" = token id, entropy = position
-    ...     return ids[:, -keep:].float(), torch.arange(ids.size(1))[-keep:].float().expand(ids.size(0), -1), None
-    >>> ids = torch.tensor([[0, 5, 6, 7, 8, 0], [4, 5, 6, 7, 0, 0]])
-    >>> mask = torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]])
-    >>> logps, ent, _ = unpadded_logps(compute, None, ids, mask, 3, compute_entropy=True)
-    >>> logps.tolist(), ent.tolist()
-    ([[7.0, 8.0, 0.0], [7.0, 0.0, 0.0]], [[2.0, 3.0, 0.0], [3.0, 0.0, 0.0]])
-    """
-    import torch
-
-    width = input_ids.size(1)
-    kwargs = {k: v for k, v in kwargs.items() if k != "batch_size"}
-    logps, entropies, aux = [], [], []
-    for row in range(input_ids.size(0)):
-        real = attention_mask[row].nonzero().flatten()
-        first, last = (int(real[0]), int(real[-1]) + 1) if len(real) else (width - 1, width)
-        keep = max(logits_to_keep - (width - last), 1)  # completion columns this sequence really has
-        lp, ent, ax = compute(model, input_ids[row : row + 1, first:last], attention_mask[row : row + 1, first:last],
-                              keep, batch_size=1, **kwargs)
-        pad = logits_to_keep - lp.size(1)
-        logps.append(torch.nn.functional.pad(lp, (0, pad)))
-        if ent is not None:
-            entropies.append(torch.nn.functional.pad(ent, (0, pad)))
-        if ax is not None:
-            aux.append(ax)
-    return (torch.cat(logps), torch.cat(entropies) if entropies else None,
-            torch.stack(aux).mean() if aux else None)
 
 
 def _trainer_class():

@@ -4,7 +4,7 @@ benchmarks/grpo_step.py's JSON on the tiny model.
 
 - `adapters.merged_weights`: inside, a PEFT model computes what base + adapter computes; on exit the
   base weights are bit-identical to before and the adapter computes again (no drift over steps).
-- `grpo.unpadded_logps` over TRL's own log-prob function: rows with no left padding give the padded
+- `logps.unpadded_logps` (components/training/logps.py) over TRL's own log-prob function: rows with no left padding give the padded
   batch's log-probs; every row gives what it gives alone; padding columns are zero; gradients flow.
 - bf16 autocast on a CPU only with `model.cpu_training_precision: auto` and native bf16 (detected).
 - `benchmarks/grpo_step.py` prints the step's parts, tokens and floor; the parts add up to the step.
@@ -85,7 +85,7 @@ def _trl_logps(model):
 
 
 def test_unpadded_logps_match_the_padded_batch_where_positions_agree_and_each_row_alone():
-    from components.grpo import unpadded_logps
+    from components.training.logps import unpadded_logps
 
     model = tiny_lora_model(1)
     model.eval()

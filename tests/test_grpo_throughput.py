@@ -5,8 +5,10 @@
   sampled from the temperature and top-k distribution, inside the stage's trainer;
 - `grpo.informative_groups_only` (components/training/informative.py): only the groups with a reward
   spread reach the KL reference's log-prob pass and the loss, the history logs their share;
-- `grpo.frozen_weights_bf16`: the loss pass computes with the frozen weights in bf16 and the trainable
-  ones in float32, the same log-probs as autocast alone.
+- `grpo.logps_batching: shared_prefix` (components/training/logps.py): the per-sequence log-probs,
+  entropies and LoRA gradients with one pass per distinct prompt;
+- `grpo.lean_logps`: the LM head scores only the completions, the loss pass computes with the frozen
+  weights in bf16 and the trainable ones in float32, the same log-probs as TRL's pass.
 
     pytest -q tests/test_grpo_throughput.py
 """
@@ -165,30 +167,97 @@ def test_only_informative_groups_reach_the_reference_pass_and_the_loss(tmp_path,
     assert sum(rows for grad, rows in passes if not grad) == 2 * sum(kept)
 
 
-@pytest.mark.parametrize("frozen_bf16", [False, True])
-def test_the_loss_pass_holds_the_frozen_weights_in_bf16_and_computes_what_autocast_computes(tmp_path, monkeypatch,
-                                                                                           frozen_bf16):
+def tiny_lora_llama(seed: int = 0):
+    from peft import LoraConfig, get_peft_model
+    from trl.trainer import add_fused_lm_head
+
+    model = tiny_llama(seed)
+    add_fused_lm_head(model, temperature=0.8, outputs=("log_probs", "entropy"))
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False,
+                                             task_type="CAUSAL_LM"))
+    return model.float()
+
+
+def grpo_rows():
+    """6 rows of 2 prompts (4 and 6 tokens, left-padded) x 3 completions (2 to 5 tokens, right-padded),
+    interleaved as a shuffled minibatch is."""
+    prompts = {0: [11, 12, 13, 14], 1: [21, 22, 23, 24, 25, 26]}
+    completions = [(0, [31, 32]), (1, [41, 42, 43, 44, 45]), (0, [33, 34, 35, 36, 37]), (1, [46]),
+                   (0, [38, 39, 40]), (1, [47, 48, 49, 50])]
+    ids = torch.zeros(6, 6 + 5, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, (p, c) in enumerate(completions):
+        ids[row, 6 - len(prompts[p]) : 6] = torch.tensor(prompts[p])
+        ids[row, 6 : 6 + len(c)] = torch.tensor(c)
+        mask[row, 6 - len(prompts[p]) : 6 + len(c)] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("batch_size", [6, 2])
+def test_shared_prefix_logps_are_the_per_sequence_logps_and_gradients(batch_size):
+    """One prefix pass per distinct prompt gives each row what the row alone gives (log-probs, entropies
+    and the LoRA gradient through the shared cache), in the rows' own order, chunks cutting groups or not."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from trl import GRPOTrainer
+
+    from components.training.logps import shared_prefix_logps, unpadded_logps
+
+    model = tiny_lora_llama(2)
+    model.train()
+    trl = partial(GRPOTrainer._get_per_token_logps_and_entropies, SimpleNamespace(accelerator=Accelerator(cpu=True)))
+    ids, mask = grpo_rows()
+    completion = mask[:, 6:]
+    results = []
+    for compute in (lambda: unpadded_logps(trl, model, ids, mask, 5, compute_entropy=True),
+                    lambda: shared_prefix_logps(model, ids, mask, 5, lambda: torch.autocast("cpu", enabled=False),
+                                                compute_entropy=True, batch_size=batch_size)):
+        model.zero_grad()
+        logps, entropy, _ = compute()
+        (logps * completion).sum().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((logps.detach() * completion, entropy.detach() * completion, grads))
+    (lp_a, ent_a, grad_a), (lp_b, ent_b, grad_b) = results
+    assert torch.allclose(lp_a, lp_b, atol=1e-5), (lp_a - lp_b).abs().max()
+    assert torch.allclose(ent_a, ent_b, atol=1e-5) and (lp_b != 0).sum() == completion.sum()
+    assert grad_a.keys() == grad_b.keys() and len(grad_a) > 4
+    for name in grad_a:
+        assert torch.allclose(grad_a[name], grad_b[name], atol=1e-5), name
+
+
+@pytest.mark.parametrize("lean", [False, True])
+def test_lean_logps_project_only_the_completions_and_hold_the_frozen_weights_in_bf16(tmp_path, monkeypatch, lean):
+    """With grpo.lean_logps the LM head scores only the completion positions and the loss pass computes
+    with the frozen weights in bf16 (trainable ones float32): the same log-probs as TRL's pass."""
+    import trl.trainer.utils as trl_utils
     from peft.tuners.lora import LoraLayer
 
     from components.training import precision
 
     monkeypatch.setattr(precision, "native_bf16", lambda: True)  # bf16 autocast on any CPU (emulated where not native)
-    trainer, _ = stage_trainer(tmp_path, monkeypatch, [f"grpo.frozen_weights_bf16={str(frozen_bf16).lower()}",
+    trainer, _ = stage_trainer(tmp_path, monkeypatch, [f"grpo.lean_logps={str(lean).lower()}",
                                                        "model.cpu_training_precision=auto", "grpo.trainer.max_steps=1"])
     assert trainer.args.bf16
     layer = next(m for m in trainer.model.modules() if isinstance(m, LoraLayer))
     seen: list[tuple[bool, torch.dtype, torch.dtype]] = []
     layer.register_forward_hook(lambda mod, inp, out: seen.append(
         (torch.is_grad_enabled(), mod.get_base_layer().weight.dtype, mod.lora_A["default"].weight.dtype)))
+    projected: list[int] = []
+    head = trl_utils._ChunkedLogProbFunction.apply
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply",
+                        lambda hidden, *a: (projected.append(hidden.size(0)), head(hidden, *a))[1])
     ids = torch.randint(3, 100, (3, 20))
     mask = torch.ones_like(ids)
     with torch.no_grad():
-        autocast_only = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 8)[0]
+        plain = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 8)[0]
         with trainer._passes_context():
             held = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, 8)[0]
-    assert torch.equal(held, autocast_only)  # the same bf16 operands, cast once instead of at every call
+    assert torch.equal(held, plain)  # the same bf16 operands, cast once instead of at every call
+    assert projected == [3 * 19, 3 * 8 if lean else 3 * 19]  # every position, then only the scored ones
     seen.clear()
     trainer.train()
     in_loss = {(base, lora) for grad, base, lora in seen if grad}
-    assert in_loss == {(torch.bfloat16 if frozen_bf16 else torch.float32, torch.float32)}
+    assert in_loss == {(torch.bfloat16 if lean else torch.float32, torch.float32)}
     assert layer.get_base_layer().weight.dtype == torch.float32  # and float32 again once the pass is over

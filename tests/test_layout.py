@@ -250,6 +250,7 @@ RERUNS = {
     "components/training/signal_monitor.py": {"grpo"},
     "components/training/rollouts.py": {"grpo"},
     "components/training/informative.py": {"grpo"},
+    "components/training/logps.py": {"grpo"},
 }
 
 

@@ -228,10 +228,10 @@ class GRPOParams:
     signal_max_kl: float = _f(0.1, ge=0.0, fingerprint=False)
     use_lora: bool = _use_lora()
     rollout_merge_lora: bool = _f(True)
-    logps_batching: str = _f("padded", choices=["padded", "per_sequence"])
+    logps_batching: str = _f("padded", choices=["padded", "per_sequence", "shared_prefix"])
+    lean_logps: bool = _f(False)
     rollout_engine: str = _f("generate", choices=["generate", "batched"])
     informative_groups_only: bool = _f(False)
-    frozen_weights_bf16: bool = _f(False)
     lora: dict[str, Any] = _lora()
     trainer: dict[str, Any] = _trainer(GRPO_TRAINER_DEFAULTS)
 
