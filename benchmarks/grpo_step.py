@@ -219,6 +219,7 @@ def compared(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
     return {"before": before, "after": after, "throughput_speedup": ratio("completions_per_second"),
             "informative_speedup": ratio("informative_completions_per_second"),
+            "cpu_throughput_speedup": ratio("cpu_completions_per_second"),
             "speedup": round(before["step_seconds"] / after["step_seconds"], 2)}
 
 

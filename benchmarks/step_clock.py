@@ -39,11 +39,12 @@ class StepClock:
 
     def __init__(self) -> None:
         self.steps: list[dict[str, float]] = []
+        self.cpu: list[float] = []  # the process's CPU seconds of each step (all threads)
         self.tokens: list[dict[str, int]] = []
         self._cur: dict[str, float] = {}
         self._tok: dict[str, int] = {}
         self._scoring = False
-        self._step_start = self._opt_start = 0.0
+        self._step_start = self._opt_start = self._cpu_start = 0.0
 
     def add(self, part: str, seconds: float) -> None:
         self._cur[part] = self._cur.get(part, 0.0) + seconds
@@ -117,7 +118,7 @@ class StepClock:
             def on_step_begin(self, args, state, control, **kw):
                 clock._cur, clock._tok = {}, {}
                 sync()
-                clock._step_start = time.perf_counter()
+                clock._step_start, clock._cpu_start = time.perf_counter(), time.process_time()
 
             def on_pre_optimizer_step(self, args, state, control, **kw):
                 sync()
@@ -140,6 +141,7 @@ class StepClock:
                 }
                 parts["other"] = total - sum(parts.values())
                 clock.steps.append({"step": total, **parts})
+                clock.cpu.append(time.process_time() - clock._cpu_start)
                 clock.tokens.append(dict(clock._tok))
 
         return Clock()
@@ -192,8 +194,11 @@ def throughput(clock: StepClock, warmup: int, log_history: list[dict[str, Any]])
     """Completions and completion tokens a second over the steps after the first `warmup` (every
     completion sampled and scored in them, over their seconds), the mean share of informative groups
     (the trainer's `informative_groups` metric: groups whose rewards are not all equal), and the
-    completions of those groups a second."""
+    completions of those groups a second. `cpu_completions_per_second`: completions per CPU second of
+    the process (every thread's): on a machine shared with other jobs, less sensitive to their load
+    than the wall-clock figure."""
     seconds = sum(s["step"] for s in clock.steps[warmup:])
+    cpu = sum(clock.cpu[warmup:])
     counts = clock.tokens[warmup:]
     completions = sum(t.get("completions", 0) for t in counts)
     tokens = sum(t.get("completion", 0) for t in counts)
@@ -204,6 +209,7 @@ def throughput(clock: StepClock, warmup: int, log_history: list[dict[str, Any]])
         "completions": completions,
         "completions_per_second": round(completions / seconds, 4) if seconds else 0.0,
         "completion_tokens_per_second": round(tokens / seconds, 2) if seconds else 0.0,
+        "cpu_completions_per_second": round(completions / cpu, 4) if cpu else 0.0,
         "informative_groups": round(share, 4) if share is not None else None,
         "informative_completions_per_second": round(share * completions / seconds, 4) if seconds and share is not None else None,
     }

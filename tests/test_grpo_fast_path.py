@@ -158,16 +158,19 @@ def test_grpo_step_benchmark_reports_the_parts_of_a_step(tmp_path):
     assert out["completions"] == 16 and out["generation_batch"] == 16 and out["max_completion_length"] == 16
     assert out["completions_per_second"] == pytest.approx(16 / out["step_seconds"], rel=0.01)
     assert out["completion_tokens_per_second"] == pytest.approx(out["tokens"]["completion"] / out["step_seconds"], rel=0.01)
-    assert 0.0 <= out["informative_groups"] <= 1.0
+    assert 0.0 <= out["informative_groups"] <= 1.0 and out["cpu_completions_per_second"] > 0
 
 
 def test_the_step_benchmark_compares_completions_per_second_at_the_same_completion_length():
     from benchmarks.grpo_step import compared
 
-    before = {"completions_per_second": 0.5, "informative_completions_per_second": 0.2, "step_seconds": 32.0}
-    after = {"completions_per_second": 2.0, "informative_completions_per_second": 1.0, "step_seconds": 8.0}
+    before = {"completions_per_second": 0.5, "informative_completions_per_second": 0.2, "step_seconds": 32.0,
+              "cpu_completions_per_second": 0.25}
+    after = {"completions_per_second": 2.0, "informative_completions_per_second": 1.0, "step_seconds": 8.0,
+             "cpu_completions_per_second": 0.75}
     out = compared({"before": before, "after": after})
     assert (out["throughput_speedup"], out["informative_speedup"], out["speedup"]) == (4.0, 5.0, 4.0)
+    assert out["cpu_throughput_speedup"] == 3.0
     assert compared({"before": {**before, "informative_completions_per_second": None}, "after": after})[
         "informative_speedup"] is None
 

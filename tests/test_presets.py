@@ -44,7 +44,7 @@ def trl_configs(params, gpu_preset: bool):
 
 
 def test_every_preset_is_documented():
-    assert set(presets.names()) == {"smollm2-135m-cpu", "smollm2-135m-cpu-rl", *GPU_PRESETS}
+    assert set(presets.names()) == {"smollm2-135m-cpu", "smollm2-135m-cpu-rl", "smollm2-135m-cpu-rl-batched", *GPU_PRESETS}
     for name in presets.names():
         data = presets.read(name)
         assert data["description"] and data["memory"]

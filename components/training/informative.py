@@ -4,13 +4,14 @@ A group whose completions all got the same reward has zero advantage: its comple
 to the policy gradient, only their KL term. With this option they leave the scored batch before
 any log-prob pass (the KL reference's, the old policy's) and before the loss's forward and backward
 passes, so they cost only their generation (verl's `filter_groups`, OpenRLHF's dynamic filtering
-drop them the same way). What stays is cut to its own padding, and split over the optimizer steps
-of the generation batch without losing a row.
+drop them the same way). What stays is cut to its own padding, its groups shuffled (each group's
+rows together) and split over the optimizer steps of the generation batch without losing a row.
 
     weighted_rewards(per_func, w)     each completion's reward, as TRL sums it (NaN: unscorable)
     informative_rows(rewards, group)  the rows of the groups whose rewards are not all equal
     informative_share(rewards, group) the share of groups with a reward spread (logged every step)
     select_rows(batch, rows)          a scored batch cut to those rows, padding columns trimmed
+    shuffle_groups(batch, group)      the batch's groups in a random order, each group's rows together
     split_evenly(batch, chunks)       the batch in `chunks` parts of sizes differing by at most one
 """
 
@@ -109,6 +110,26 @@ def select_rows(batch: dict[str, Any], rows: Any) -> dict[str, Any]:
         else:
             out[key] = value
     return _trim(out)
+
+
+def shuffle_groups(batch: dict[str, Any], group: int) -> dict[str, Any]:
+    """The batch's groups of `group` consecutive rows in a random order, the rows of each group kept
+    together (TRL shuffles rows; kept together, a minibatch's rows share their prompts, which
+    `grpo.logps_batching: shared_prefix` then runs once).
+
+    >>> import torch
+    >>> _ = torch.manual_seed(0)
+    >>> b = {"prompt_ids": torch.arange(6)[:, None], "prompt_mask": torch.ones(6, 1), "completion_ids": torch.ones(6, 1),
+    ...      "completion_mask": torch.ones(6, 1)}
+    >>> order = shuffle_groups(b, 2)["prompt_ids"].flatten().tolist()
+    >>> sorted(order) == list(range(6)) and all(order[i] // 2 == order[i + 1] // 2 for i in (0, 2, 4))
+    True
+    """
+    import torch
+
+    groups = batch["completion_ids"].size(0) // group
+    order = (torch.randperm(groups)[:, None] * group + torch.arange(group)).flatten()
+    return select_rows(batch, order)
 
 
 def split_evenly(batch: dict[str, Any], chunks: int) -> list[dict[str, Any]]:
@@ -216,13 +237,11 @@ class InformativeGroupsMixin:
             return run(self.model)
 
     def _prepare_inputs(self, generation_batch):
-        from trl.trainer.utils import shuffle_sequence_dict
-
         if not self.model.training:
             return super()._prepare_inputs(generation_batch)
         generate_every = self.args.steps_per_generation * self.num_iterations
         if self._step % generate_every == 0 or self._buffered_inputs is None:
-            batch = shuffle_sequence_dict(self._generate_and_score_completions(generation_batch))
+            batch = shuffle_groups(self._generate_and_score_completions(generation_batch), self.num_generations)
             self._buffered_inputs = split_evenly(batch, self.args.steps_per_generation)
         return self._buffered_inputs[self._step % self.args.steps_per_generation]
 
