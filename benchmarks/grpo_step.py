@@ -34,13 +34,27 @@ the rollouts' dtype + KV-cache bytes at the mean context)). Prints JSON:
                                 the same with generation's weight and KV-cache reads at the read rate
   matmul_gflops{...}, read_gbps, threads, native_bf16, precision, settings
 
-With `--compare` it runs today's path and the new one side by side (the same prompts, seed and
-machine) and prints `{"before": {...}, "after": {...}, "speedup": before / after}`. The paths are
-PATHS below: params overrides, so that what is measured is what the stage runs.
+Throughput over the measured steps (`--steps` counts generation batches, each
+trainer.steps_per_generation optimizer steps, so that every measured step's completions were generated
+in the measured window):
 
-    python benchmarks/grpo_step.py --preset smollm2-135m-cpu
-    python benchmarks/grpo_step.py --preset smollm2-135m-cpu --compare --steps 3
-    python benchmarks/grpo_step.py --preset smollm2-135m-cpu -S grpo.trainer.max_completion_length=128
+  completions_per_second, completion_tokens_per_second
+                                every completion sampled and scored, over the steps' wall seconds
+  cpu_completions_per_second    the same over the process's CPU seconds (less moved by other jobs)
+  informative_groups, informative_completions_per_second
+                                the share of groups with a reward spread (the only ones that teach),
+                                and their completions a second
+
+With `--compare` it runs the GRPO path of smollm2-135m-cpu-rl before issue 41 (PATHS["before"]: 2
+prompts x 8 completions a step, one `generate` call each, per-sequence log-probs, bf16 rollouts on
+merged LoRA weights) and the preset's path side by side (the same prompts, seed, machine and
+max_completion_length) and prints `{"before": {...}, "after": {...}, "throughput_speedup": after /
+before completions a second, "informative_speedup", "cpu_throughput_speedup", "speedup": before /
+after seconds a step}`. The paths are params overrides, so that what is measured is what the stage runs.
+
+    python benchmarks/grpo_step.py --preset smollm2-135m-cpu-rl-batched --compare
+    python benchmarks/grpo_step.py --preset smollm2-135m-cpu-rl-batched --compare --steps 1 -S grpo.trainer.max_completion_length=64
+    python benchmarks/grpo_step.py --preset smollm2-135m-cpu-rl --path after
 
 Results: benchmarks/RESULTS.md.
 """
@@ -111,10 +125,13 @@ def read_gbps(gib: float = 1.0, repeats: int = 3) -> float:
 
 
 def machine_rates() -> dict[str, float]:
-    """float32 on 2048^2; bfloat16 on 256^2 first and on 2048^2 only where that ran at over 10 GFLOP/s."""
+    """float32 on 2048^2; bfloat16 on 256^2 first and on 2048^2 where that ran at over 10 GFLOP/s or
+    the CPU has native bf16 (an AVX512_BF16 EPYC ran the 256^2 product at 4 GFLOP/s, the 2048^2 one at 420)."""
+    from components.training.precision import native_bf16
+
     rates = {"float32": matmul_gflops("float32")}
     bf16 = matmul_gflops("bfloat16", size=256, repeats=2)
-    rates["bfloat16"] = matmul_gflops("bfloat16") if bf16 > 10 else bf16
+    rates["bfloat16"] = matmul_gflops("bfloat16") if bf16 > 10 or native_bf16() else bf16
     return {k: round(v, 1) for k, v in rates.items()}
 
 
@@ -232,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1, help="generation batches run first and not measured (default 1)")
     parser.add_argument("--compare", action="store_true", help="today's path and the new one in one run (PATHS)")
     parser.add_argument("--path", choices=sorted(PATHS), default="after", help="the path without --compare (default after)")
+    parser.add_argument("--after-first", action="store_true",
+                        help="with --compare, run the new path first (the machine's other load then falls on the other)")
     parser.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE", help="a params override")
     parser.add_argument("--keep", default=None, help="build the workspace in this (new) folder and keep it")
     args = parser.parse_args(argv)
@@ -251,12 +270,14 @@ def main(argv: list[str] | None = None) -> int:
         run_stage(root, "model", base, env, label="grpo_step")
         rates, read_rate = machine_rates(), round(read_gbps(), 1)
         print(f"grpo_step: matmul GFLOP/s {rates}, memory read {read_rate} GB/s", file=sys.stderr)
-        names = ["before", "after"] if args.compare else [args.path]
+        names = (["after", "before"] if args.after_first else ["before", "after"]) if args.compare else [args.path]
         results = {}
         for name in names:
             start = time.monotonic()
+            load = round(os.getloadavg()[0], 2)
             results[name] = {**measure(root, [*base, *PATHS[name]], args.warmup, args.steps, rates, read_rate),
-                             "matmul_gflops": rates, "read_gbps": read_rate}
+                             "matmul_gflops": rates, "read_gbps": read_rate,
+                             "load_average_1m": [load, round(os.getloadavg()[0], 2)]}  # at its start and end
             print(f"grpo_step: {name} took {time.monotonic() - start:.0f} s", file=sys.stderr)
             os.chdir(cwd)
         out: dict[str, Any] = {"preset": args.preset or "(embedded defaults)",
