@@ -182,7 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ui", help="serve the MLflow UI on 127.0.0.1")
     p.add_argument("--port", type=int, default=5000, help="port (default 5000)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="bind address (default 127.0.0.1); any other than loopback needs --app-name")
+    p.add_argument("--app-name", default=None, metavar="APP",
+                   help="MLflow's authentication app, e.g. basic-auth (`mlflow server --app-name`; required for a "
+                   "--host other than loopback)")
     _add_params(p)
     p.set_defaults(handler="pipelines.flow.ui:cli_ui")
     return parser

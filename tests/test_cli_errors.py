@@ -92,6 +92,19 @@ def test_serve_on_the_network_without_a_key_is_refused_naming_the_option(checkou
         assert "--api-key" not in line and "no-such-folder" in line
 
 
+def test_ui_on_the_network_without_authentication_is_refused_naming_the_option(checkout):
+    for host in ("0.0.0.0", "10.1.2.3", "::"):
+        proc = grpoflow(checkout, "ui", "--host", host)
+        assert proc.returncode == 2
+        line = one_line(proc)
+        assert f"--host {host}" in line and "--app-name basic-auth" in line and "127.0.0.1" in line
+    # With an auth app the refusal lets it through: on a tracking URI that is a server already, there is
+    # nothing to start (tests/test_infra_auth.py starts the UI with basic-auth).
+    proc = grpoflow(checkout, "ui", "--host", "0.0.0.0", "--app-name", "basic-auth",
+                    env={**os.environ, "MLFLOW_TRACKING_URI": "http://127.0.0.1:1"})
+    assert proc.returncode == 0 and "is an MLflow server already" in proc.stdout, proc.stderr
+
+
 def test_a_failing_stage_states_its_own_error_line_first(tmp_path):
     """The flow's error (what `grpoflow run` prints), the failed run's summary (its MLflow description)
     and its MLflow error tag start with the failed stage's own `error:` line, not with the last lines of
