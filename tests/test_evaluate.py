@@ -19,7 +19,7 @@ import pytest
 
 from components import evaluate
 from components.common.errors import BackendError, DataError
-from components.evaluation import lm_eval_gsm8k, metrics, scoring
+from components.evaluation import generation, lm_eval_gsm8k, metrics, scoring
 from components.problems.sources import load_problems
 from pipelines import cli
 from pipelines.params.config import DataParams, ModelParams, load_params
@@ -148,9 +148,10 @@ def test_lm_eval_scoring_table(completion, gold, strict_ok, flexible_ok):
     assert row["correct_flexible"] is flexible_ok
 
 
-def test_lm_eval_stop_sequences():
-    assert lm_eval_gsm8k.cut_at_stop(" 4\n#### 4\n\nQuestion: what") == " 4\n#### 4\n\n"
-    assert lm_eval_gsm8k.cut_at_stop(" 4<|im_end|>junk") == " 4"
+def test_lm_eval_completions_are_cut_before_the_first_stop_sequence():
+    stops = lm_eval_gsm8k.STOP_SEQUENCES
+    assert generation.cut_at_stop(" 4\n#### 4\n\nQuestion: what", stops) == " 4\n#### 4\n\n"
+    assert generation.cut_at_stop(" 4<|im_end|>junk", stops) == " 4"
     assert lm_eval_gsm8k.STOP_SEQUENCES == ("Question:", "</s>", "<|im_end|>")
 
 
