@@ -277,8 +277,8 @@ def run(params: Params) -> Path:
     from components.problems.sources import read_split
     from components.training import signal_monitor
     from components.training.dev_accuracy import dev_callback
-    from components.training.rewards import build_rewards
     from components.training.job import TrainingJob, train_stage
+    from components.training.rewards import build_rewards
 
     cfg = params.grpo
     settings = trainer_settings(params)  # fails before any data or model is loaded

@@ -99,7 +99,7 @@ def dockerignored(path: str) -> bool:
     return any(fnmatch.fnmatch(prefix, pat.rstrip("/")) for pat in patterns for prefix in prefixes)
 
 
-def test_dockerfile_targets_user_entrypoint_and_install_order():
+def test_dockerfile_builds_a_non_root_pipeline_image_with_torch_installed_first():
     stages = dockerfile_stages()
     assert {"cpu-deps", "gpu-deps", "pipeline", "tracking"} <= set(stages), sorted(stages)
     assert list(stages)[-1] == "pipeline", "a plain `docker build` must build the pipeline image"
@@ -203,7 +203,7 @@ def compose_vars(text: str) -> set[str]:
     return set(re.findall(r"(?<!\$)\$\{([A-Z_][A-Z0-9_]*)", text))
 
 
-def test_compose_services_health_ports_and_secrets():
+def test_compose_services_are_health_checked_bound_locally_and_secrets_come_from_env():
     text = (INFRA / "compose.yaml").read_text()
     compose = yaml.safe_load(text)
     services = compose["services"]

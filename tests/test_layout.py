@@ -83,7 +83,7 @@ def test_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_no_import_cycle():
+def test_no_module_imports_itself_through_a_cycle():
     assert find_cycle(GRAPH) is None
 
 
@@ -365,7 +365,7 @@ def test_every_stage_enters_the_same_way(stage):
 SHARED_NAMES = {"run", "main", "trainer_settings", "fingerprint_settings"}
 
 
-def test_one_name_one_job():
+def test_no_two_public_functions_or_classes_share_a_name():
     """No two public functions or classes in components/ and pipelines/ share a name (it once had
     three `generate`, three `server_command` and two `build_prompts`, each a different job)."""
     seen: dict[str, list[str]] = {}
