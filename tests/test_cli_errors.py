@@ -75,6 +75,26 @@ def test_dvc_refusing_the_checkout_is_one_line(checkout, tmp_path):
     assert proc.returncode == 1 and "DVC:" in one_line(proc)
 
 
+def test_a_dvc_remote_that_does_not_answer_is_one_line_naming_it_before_any_work(checkout, tmp_path):
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(checkout, repo)
+    before = (repo / "params.yaml").read_bytes()
+    with refused_port() as port:
+        url = f"http://127.0.0.1:{port}/dvc"
+        subprocess.run([sys.executable, "-m", "dvc", "remote", "add", "--local", "-d", "down", url], cwd=repo,
+                       check=True, capture_output=True)
+        start = time.monotonic()
+        proc = grpoflow(repo, "run")
+        seconds = time.monotonic() - start
+    assert proc.returncode == 1
+    line = one_line(proc)
+    assert f"the DVC remote 'down' ({url}) does not answer at 127.0.0.1:{port}" in line and "start it" in line
+    assert seconds < 60, seconds
+    assert (repo / "params.yaml").read_bytes() == before and not (repo / "data" / "processed").exists()
+
+
 def test_serve_on_the_network_without_a_key_is_refused_naming_the_option(checkout):
     env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
     for host in ("0.0.0.0", "10.1.2.3", "::"):
