@@ -207,3 +207,40 @@ def test_summary_links_to_the_tracking_servers_own_ui():
     assert "ui: https://mlflow.example.org:5000/#/experiments/3/runs/r1" in remote and "grpoflow ui" not in remote
     local = format_run_summary(dataclasses.replace(summary, tracking_uri="sqlite:////tmp/mlflow.db"))
     assert "ui: `grpoflow ui`, then http://127.0.0.1:5000/#/experiments/3/runs/r1" in local
+
+
+GIVE_UP = """
+import time
+from pipelines.execution import services
+services.service_env_defaults()
+import mlflow
+start = time.monotonic()
+try:
+    services.one_line_service_errors(lambda: mlflow.MlflowClient().search_experiments())
+except Exception as exc:
+    print(f"{time.monotonic() - start:.1f}", type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("server", ["refuses", "never answers"])
+def test_an_mlflow_call_to_a_server_that_stopped_answering_gives_up_within_the_budget_in_one_line(server):
+    """GRPOFLOW_SERVICE_TIMEOUT_S bounds a call to a dead server (connection refused) and to a hung one
+    (the connection accepted, no answer ever): TrackingUnavailable naming it, within the budget."""
+    import socket
+
+    budget = 8
+    env = {**os.environ, "GRPOFLOW_SERVICE_TIMEOUT_S": str(budget), "PYTHONPATH": str(REPO)}
+    for key in [k for k in env if k.startswith("MLFLOW_HTTP_REQUEST_")]:
+        del env[key]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        if server == "never answers":
+            s.listen(8)  # the kernel accepts the connections; nothing reads the requests
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+        proc = subprocess.run([sys.executable, "-c", GIVE_UP], capture_output=True, text=True, timeout=120,
+                              env={**env, "MLFLOW_TRACKING_URI": uri})
+    seconds, kind, message = proc.stdout.strip().split(" ", 2)
+    assert kind == "TrackingUnavailable", proc.stdout + proc.stderr
+    assert float(seconds) <= budget
+    assert message.startswith(f"the MLflow tracking server at {uri} stopped answering (")
+    assert "mlflow server --port PORT" in message and "\n" not in message

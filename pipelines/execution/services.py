@@ -27,6 +27,7 @@ GRPOFLOW_SERVICE_TIMEOUT_S seconds (default 30), with one line naming its addres
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import socket
 import threading
@@ -117,32 +118,37 @@ def _chain(exc: BaseException | None) -> list[BaseException]:
 
 
 def unavailable(exc: BaseException) -> TrackingUnavailable | None:
-    """The one-line error for `exc` when a tracking server that did not answer caused it, else None."""
+    """The one-line error for `exc` when a tracking server that did not answer caused it, else None
+    (another service's failure keeps its own error)."""
     import requests
 
     for e in _chain(exc):
-        if isinstance(e, requests.exceptions.Timeout):
-            problem = f"did not answer within {os.environ.get('MLFLOW_HTTP_REQUEST_TIMEOUT', '?')} s"
+        text = str(e).lower()
+        if isinstance(e, requests.exceptions.Timeout) or (
+                isinstance(e, requests.exceptions.ConnectionError) and "timed out" in text):
+            tries = int(os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES", MLFLOW_RETRIES)) + 1
+            problem = f"no answer in {tries} tries of {os.environ.get('MLFLOW_HTTP_REQUEST_TIMEOUT', '?')} s"
         elif isinstance(e, requests.exceptions.RetryError):
             problem = "kept answering with server errors"
         elif isinstance(e, requests.exceptions.ConnectionError):
-            text = str(e)
-            problem = "refused the connection" if "refused" in text.lower() else "dropped the connection"
+            problem = "refused the connection" if "refused" in text else "dropped the connection"
         else:
             continue
-        return _tracking_error(_server_of(e), f"stopped answering ({problem})")
+        server = _tracking_server(getattr(getattr(e, "request", None), "url", None) or "")
+        return None if server is None else _tracking_error(server, f"stopped answering ({problem})")
     return None
 
 
-def _server_of(e: Any) -> str:
-    """The server a failed request went to (scheme://host:port), else the tracking URI."""
-    url = getattr(getattr(e, "request", None), "url", None) or ""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme and parts.netloc:
-        return f"{parts.scheme}://{parts.netloc}"
+def _tracking_server(url: str) -> str | None:
+    """This process's tracking (or registry) URI when `url` (a failed request's; "" unknown) went to it."""
     import mlflow
 
-    return mlflow.get_tracking_uri()
+    netloc = urllib.parse.urlsplit(url).netloc
+    for uri in (mlflow.get_tracking_uri(), mlflow.get_registry_uri()):
+        parts = urllib.parse.urlsplit(uri)
+        if parts.scheme in ("http", "https") and (not netloc or parts.netloc == netloc):
+            return uri
+    return None
 
 
 def _tracking_error(uri: str, problem: str) -> TrackingUnavailable:
@@ -160,6 +166,20 @@ def one_line_service_errors(command: Callable[[], Any]) -> Any:
         if (line := unavailable(exc)) is None:
             raise
         raise line from None
+
+
+SERVICE_GONE = ("Max retries exceeded", "timeout exception", "does not answer", "stopped answering")
+
+
+def no_service_failure_lines(record: logging.LogRecord) -> bool:
+    """A log filter for Prefect's task and flow run loggers: False for their failure records (a
+    traceback, "Finished in state Failed(...)") of a service that stopped answering, which the one line
+    the CLI prints says better; any other failure is still shown."""
+    exc = record.exc_info[1] if record.exc_info else None
+    if exc is not None:
+        return not (isinstance(exc, ServiceUnavailable) or unavailable(exc) is not None)
+    message = record.getMessage()
+    return not ("Finished in state Failed" in message and any(m in message for m in SERVICE_GONE))
 
 
 # --------------------------------------------------------------------------- the DVC remote

@@ -66,7 +66,7 @@ def _run(args: argparse.Namespace, root: Path) -> int:
     )
 
     from pipelines.execution.dvc_ops import StageFailed, TransientError, stage_order
-    from pipelines.execution.services import check_remote
+    from pipelines.execution.services import check_remote, no_service_failure_lines
     from pipelines.flow.pipeline import training_pipeline
     from pipelines.flow.runlock import PipelineLocked
     from pipelines.flow.summary import format_run_summary, task_seconds, time_line
@@ -78,8 +78,9 @@ def _run(args: argparse.Namespace, root: Path) -> int:
         server.use()
     ready, startup = time.perf_counter(), _process_age()
     signal.signal(signal.SIGTERM, _raise_interrupted)  # Prefect's flow engine hands SIGTERM back to it
-    for name in ("prefect.task_runs", "prefect.flow_runs"):  # the interrupt gets one line, below
+    for name in ("prefect.task_runs", "prefect.flow_runs"):  # the interrupt, a lost service: one line each
         logging.getLogger(name).addFilter(_no_interrupt_crash_lines)
+        logging.getLogger(name).addFilter(no_service_failure_lines)
     try:
         summary = training_pipeline(overrides=list(args.overrides))
     except PipelineLocked as exc:
