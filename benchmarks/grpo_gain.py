@@ -82,6 +82,17 @@ OFFLINE_ENV = {
 }
 
 
+def kept_workdir(parser: argparse.ArgumentParser, keep: str | None, prefix: str) -> Path:
+    """The run's folder: `--keep DIR` when it is missing or empty (the run writes params.yaml, data/,
+    models/ and mlflow.db there, so never into a folder holding files it did not make), else a new
+    temporary folder (removed afterwards by the caller)."""
+    if keep and Path(keep).exists() and (not Path(keep).is_dir() or any(Path(keep).iterdir())):
+        parser.error(f"--keep {keep} is not empty; give a new folder")
+    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
 def run_stage(workdir: Path, module: str, overrides: list[str], env: dict[str, str],
               label: str = "grpo_gain", stdout: list[str] | None = None) -> tuple[float, float]:
     """Run one stage module in `workdir`; returns (wall seconds, CPU seconds). `label` prefixes its
@@ -282,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECTION.KEY=VALUE",
         help="override a param for every stage (repeatable)",
     )
-    parser.add_argument("--keep", metavar="DIR", help="work in DIR (kept) instead of a temporary folder")
+    parser.add_argument("--keep", metavar="DIR", help="work in DIR (new or empty; kept) instead of a temporary folder")
     parser.add_argument(
         "--seeds", type=seed_list, metavar="S1,S2,...",
         help="run the whole recipe once per data seed (data.seed=S, each in its own folder) and print "
@@ -316,8 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds and any(o.split("=", 1)[0].strip() == "data.seed" for o in args.overrides):
         parser.error("--seeds sets data.seed for each run: drop -S data.seed=...")
 
-    workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="grpo-gain-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = kept_workdir(parser, args.keep, "grpo-gain-")
     try:
         if not args.seeds:
             result = run_recipe(workdir, args.overrides, args)

@@ -54,7 +54,7 @@ class NotRegistered:
 
 # What a decision can be: the gate's two outcomes, `grpoflow promote` and `grpoflow rollback`. A run
 # that registers nothing new reports the version's recorded decision (its `promotion.decision` tag).
-DecisionKind = Literal["promoted", "rejected", "forced", "rollback"]
+DecisionKind = Literal["promoted", "rejected", "superseded", "forced", "rollback"]
 
 
 @dataclass

@@ -16,7 +16,8 @@ from components.common.errors import InputError, RegistryError
 from components.common.tracking import configure
 from components.evaluation.reports import read_items
 from pipelines.params.config import load_params
-from pipelines.registry.promotion import compare_with_champion, force_promote, gate, rollback
+from pipelines.registry.moves import force_promote, rollback
+from pipelines.registry.promotion import compare_with_champion, gate
 from pipelines.registry.register import CHALLENGER, CHAMPION, DECISION_TAG, PREVIOUS_TAG, register
 from tests.toy_repo import make_tiny_model
 
@@ -209,8 +210,8 @@ def test_gate_needs_min_items_shared():
 
 
 def test_alias_moves_only_if_the_champion_is_unchanged(repo, monkeypatch):
-    """Two gates at once: if another promotion lands between reading the champion and moving the
-    alias, this one aborts instead of overwriting it."""
+    """grpoflow's own moves wait for the registry lease; a move by hand (the MLflow UI or API, which
+    take no lease) that lands while the gate compares makes the gate stop instead of overwriting it."""
     import mlflow
 
     from pipelines.registry import promotion
@@ -224,14 +225,15 @@ def test_alias_moves_only_if_the_champion_is_unchanged(repo, monkeypatch):
     register(params, lineage("8" * 32), new_run(params), repo)  # v2, not gated yet
     write_eval(repo, [i < 90 for i in range(100)])
     v3 = register(params, lineage("9" * 32), new_run(params), repo)
-    real_download = promotion._download_items
+    real_items = promotion.registered_items
 
-    def download_while_someone_promotes(uri):
-        force_promote(params, "grpoflow-policy", "2", "a colleague, meanwhile")
-        return real_download(uri)
+    def items_while_someone_moves_the_alias_by_hand(name, version, tags):
+        if version == "1":
+            client.set_registered_model_alias("grpoflow-policy", CHAMPION, "2")
+        return real_items(name, version, tags)
 
-    monkeypatch.setattr(promotion, "_download_items", download_while_someone_promotes)
-    with pytest.raises(RegistryError, match=r"champion moved from v1 to v2 .*not promoted"):
+    monkeypatch.setattr(promotion, "registered_items", items_while_someone_moves_the_alias_by_hand)
+    with pytest.raises(RegistryError, match=r"champion moved from v1 to v2 outside grpoflow's registry lease"):
         gate(params, v3, repo)
     assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "2"
     assert DECISION_TAG not in client.get_model_version("grpoflow-policy", "3").tags  # the next run decides
@@ -326,7 +328,7 @@ def test_gate_on_flexible_names_items_without_the_column(repo):
     write_eval(repo, [i < 40 for i in range(100)])  # items without correct_flexible
     gate(params, register(params, lineage("a" * 32), new_run(params), repo), repo)
     write_eval(repo, [i < 80 for i in range(100)])
-    with pytest.raises(InputError, match=r"grpo.items.jsonl: item q0 has no boolean 'correct_flexible'"):
+    with pytest.raises(InputError, match=r"grpoflow-policy v2 items \S+/grpo.items.jsonl: item q0 has no boolean 'correct_flexible'"):
         gate(params, register(params, lineage("b" * 32), new_run(params), repo), repo)
 
 
@@ -336,12 +338,11 @@ def test_the_decision_kinds_are_the_ones_produced():
     import ast
     import typing
 
-    from pipelines.registry import promotion
+    from pipelines.registry import moves, promotion
     from pipelines.results import DecisionKind
 
-    tree = ast.parse(Path(promotion.__file__).read_text())
     produced = set()
-    for node in ast.walk(tree):
+    for node in (n for m in (promotion, moves) for n in ast.walk(ast.parse(Path(m.__file__).read_text()))):
         if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Decision" and len(node.args) >= 3:
             produced |= {n.value for n in ast.walk(node.args[2]) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert produced == set(typing.get_args(DecisionKind))
