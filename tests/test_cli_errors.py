@@ -75,6 +75,26 @@ def test_dvc_refusing_the_checkout_is_one_line(checkout, tmp_path):
     assert proc.returncode == 1 and "DVC:" in one_line(proc)
 
 
+def test_a_dvc_remote_that_does_not_answer_is_one_line_naming_it_before_any_work(checkout, tmp_path):
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(checkout, repo)
+    before = (repo / "params.yaml").read_bytes()
+    with refused_port() as port:
+        url = f"http://127.0.0.1:{port}/dvc"
+        subprocess.run([sys.executable, "-m", "dvc", "remote", "add", "--local", "-d", "down", url], cwd=repo,
+                       check=True, capture_output=True)
+        start = time.monotonic()
+        proc = grpoflow(repo, "run")
+        seconds = time.monotonic() - start
+    assert proc.returncode == 1
+    line = one_line(proc)
+    assert f"the DVC remote 'down' ({url}) does not answer at 127.0.0.1:{port}" in line and "start it" in line
+    assert seconds < 60, seconds
+    assert (repo / "params.yaml").read_bytes() == before and not (repo / "data" / "processed").exists()
+
+
 def test_serve_on_the_network_without_a_key_is_refused_naming_the_option(checkout):
     env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
     for host in ("0.0.0.0", "10.1.2.3", "::"):
@@ -90,6 +110,19 @@ def test_serve_on_the_network_without_a_key_is_refused_naming_the_option(checkou
         assert proc.returncode == 2
         line = one_line(proc)
         assert "--api-key" not in line and "no-such-folder" in line
+
+
+def test_ui_on_the_network_without_authentication_is_refused_naming_the_option(checkout):
+    for host in ("0.0.0.0", "10.1.2.3", "::"):
+        proc = grpoflow(checkout, "ui", "--host", host)
+        assert proc.returncode == 2
+        line = one_line(proc)
+        assert f"--host {host}" in line and "--app-name basic-auth" in line and "127.0.0.1" in line
+    # With an auth app the refusal lets it through: on a tracking URI that is a server already, there is
+    # nothing to start (tests/test_infra_auth.py starts the UI with basic-auth).
+    proc = grpoflow(checkout, "ui", "--host", "0.0.0.0", "--app-name", "basic-auth",
+                    env={**os.environ, "MLFLOW_TRACKING_URI": "http://127.0.0.1:1"})
+    assert proc.returncode == 0 and "is an MLflow server already" in proc.stdout, proc.stderr
 
 
 def test_a_failing_stage_states_its_own_error_line_first(tmp_path):

@@ -38,6 +38,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from components.common.errors import TrackingUnavailable
 from components.common.files import repo_root, sha256_file
 from components.common.params import Params
 
@@ -87,8 +88,6 @@ def check_reachable(uri: str, timeout: float = 10.0) -> None:
     import urllib.error
     import urllib.request
 
-    from components.common.errors import TrackingUnavailable
-
     try:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
             if resp.status < 500:
@@ -100,7 +99,13 @@ def check_reachable(uri: str, timeout: float = 10.0) -> None:
         problem = f"answered HTTP {exc.code}"
     except (urllib.error.URLError, OSError) as exc:
         problem = f"is not reachable ({getattr(exc, 'reason', exc)})"
-    raise TrackingUnavailable(
+    raise tracking_unavailable(uri, problem)
+
+
+def tracking_unavailable(uri: str, problem: str) -> TrackingUnavailable:
+    """The one-line error for a tracking server at `uri` that `problem` (e.g. "is not reachable (…)"):
+    its URI and the commands that start one."""
+    return TrackingUnavailable(
         f"the MLflow tracking server at {uri} {problem}; start it (`mlflow server --port PORT`, or "
         "`docker compose -f infra/compose.yaml up -d`) or point tracking.uri / MLFLOW_TRACKING_URI at one that runs"
     )

@@ -39,6 +39,7 @@ from pipelines.execution.dvc_ops import (
     upstream_stages,
 )
 from pipelines.execution.gitrepo import own_workdir, working_copy
+from pipelines.execution.services import service_env_defaults
 from pipelines.results import failure_message
 
 STAGE_FLOW = "grpoflow-stage"
@@ -129,6 +130,7 @@ def stage_flow(
     stage: str, commit: str, params_yaml: str, dvc_lock: str, remote_url: str, parent_run_id: str, tracking_uri: str
 ) -> dict[str, Any]:
     """One dvc.yaml stage in a clean working copy of `commit` (what the per-stage deployments run)."""
+    service_env_defaults()  # MLflow gives up on a server that does not answer within the budget
     return run_in_working_copy(stage, commit, params_yaml, dvc_lock, remote_url, parent_run_id, tracking_uri)
 
 

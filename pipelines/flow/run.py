@@ -66,11 +66,13 @@ def _run(args: argparse.Namespace, root: Path) -> int:
     )
 
     from pipelines.execution.dvc_ops import StageFailed, TransientError, stage_order
+    from pipelines.execution.services import check_remote
     from pipelines.flow.pipeline import training_pipeline
     from pipelines.flow.runlock import PipelineLocked
     from pipelines.flow.summary import format_run_summary, task_seconds, time_line
 
     stage_order(root)  # DVC reads dvc.yaml and dvc.lock: a broken one fails here, in one line
+    check_remote(root)  # and its default remote answers (pull and push check again)
     waited = time.perf_counter()
     if server is not None:
         server.use()
