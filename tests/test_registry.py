@@ -483,6 +483,11 @@ def test_registered_items_changed_or_gone_stop_the_gate_in_one_line_writing_noth
     assert code == 2 and len(lines) == 1 and re.search(r"v2: its evaluation items \S+ \(eval.items_uri\) cannot be "
                                                        r"read .*; restore that artifact", lines[0]), lines
     ours.write_text(kept)
+    uri = client.get_model_version("grpoflow-policy", "2").tags["eval.items_uri"]
+    client.delete_model_version_tag("grpoflow-policy", "2", "eval.items_uri")  # not registered by grpoflow run
+    code, lines = gate_exit(params, v2, repo, capsys)
+    assert code == 2 and len(lines) == 1 and "grpoflow-policy v2 has no eval.items_uri tag" in lines[0]
+    client.set_model_version_tag("grpoflow-policy", "2", "eval.items_uri", uri)
     theirs.write_text(theirs.read_text() + "\n")  # the champion's changed
     code, lines = gate_exit(params, v2, repo, capsys)
     assert code == 2 and len(lines) == 1 and "grpoflow-policy v1: its evaluation items" in lines[0]
