@@ -109,12 +109,17 @@ def force_promote(params: Params, name: str, version: str, reason: str) -> Decis
     """Put `champion` on a version by hand; the reason and who did it are tagged."""
     client = client_for(params)
     version = str(version)
-    model_version(client, name, version)  # before taking the lease: a wrong number fails at once
-    with registry_lease(client, name, f"grpoflow promote v{version}") as lease:
+
+    def champion_now() -> str | None:
         champion = alias_version(client, name, CHAMPION)
-        before = champion.version if champion else None
-        if before == version:
+        if champion is not None and champion.version == version:
             raise RegistryError(f"{name} v{version} is already the champion")
+        return champion.version if champion else None
+
+    model_version(client, name, version)  # before taking the lease: a mistake fails at once, touching nothing
+    champion_now()
+    with registry_lease(client, name, f"grpoflow promote v{version}") as lease:
+        before = champion_now()  # again, in this process's turn
         decision = Decision(name, version, "forced", f"forced by {getpass.getuser()}: {reason}", before)
         write_decision(client, lease, decision, move_alias=True)
     return decision
