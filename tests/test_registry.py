@@ -63,6 +63,24 @@ def lineage(md5: str) -> dict[str, str]:
     return {"lineage.dvc_lock_md5": md5, "lineage.git_commit": "abc123", "lineage.git_dirty": "false"}
 
 
+def registered(params, repo: Path, right: int, md5: str, gated: bool = False):
+    """A new version whose first `right` of 100 items are correct (items written as the evaluate
+    stage does, then registered); gated when asked."""
+    write_eval(repo, [i < right for i in range(100)])
+    reg = register(params, lineage(md5 * 32), new_run(params), repo)
+    if gated:
+        gate(params, reg, repo)
+    return reg
+
+
+def registry(params):
+    """The MLflow client of `params`' store (mlflow's URI is process-global: set before the client)."""
+    import mlflow
+
+    configure(params)
+    return mlflow.MlflowClient()
+
+
 def test_register_is_idempotent_loads_back_and_first_version_becomes_champion(repo):
     import mlflow
 
@@ -145,15 +163,10 @@ def test_gate_rejects_no_better_challenger_and_promotes_a_better_one(repo):
 
 def test_interrupted_gate_is_completed_by_the_next_run(repo):
     """A crash after the alias moved but before the decision tag: the next gate finishes the job."""
-    import mlflow
-
     params = load_params()
-    configure(params)
-    client = mlflow.MlflowClient()
-    write_eval(repo, [i < 40 for i in range(100)])
-    gate(params, register(params, lineage("5" * 32), new_run(params), repo), repo)
-    write_eval(repo, [i < 80 for i in range(100)])
-    reg = register(params, lineage("6" * 32), new_run(params), repo)
+    client = registry(params)
+    registered(params, repo, 40, "5", gated=True)
+    reg = registered(params, repo, 80, "6")
     # What _write_decision leaves behind if the process dies just before its last write:
     client.set_model_version_tag("grpoflow-policy", reg.version, "promotion.reason", "better: promoted")
     client.set_registered_model_alias("grpoflow-policy", CHAMPION, reg.version)
@@ -440,19 +453,13 @@ def promotion_tags(client, version: str) -> list[str]:
 def test_the_gate_decides_on_the_registered_items_not_the_checkouts_copy(repo):
     """A stale or edited local items file, or none at all, changes nothing: the gate reads the items
     registered with each version, checked against the hash recorded at registration."""
-    import mlflow
-
     params = load_params()
-    configure(params)
-    client = mlflow.MlflowClient()
-    write_eval(repo, [i < 40 for i in range(100)])
-    gate(params, register(params, lineage("c" * 32), new_run(params), repo), repo)
-    write_eval(repo, [i < 80 for i in range(100)])
-    v2 = register(params, lineage("d" * 32), new_run(params), repo)
+    client = registry(params)
+    registered(params, repo, 40, "c", gated=True)
+    v2 = registered(params, repo, 80, "d")
     write_eval(repo, [False] * 100)  # the checkout's copy edited after registration
     assert gate(params, v2, repo).decision == "promoted"
-    write_eval(repo, [i < 95 for i in range(100)])
-    v3 = register(params, lineage("e" * 32), new_run(params), repo)
+    v3 = registered(params, repo, 95, "e")
     (repo / "reports" / "eval" / "grpo.items.jsonl").unlink()  # and gone
     decided = gate(params, v3, repo)
     assert decided.decision == "promoted" and decided.numbers["items_checked"] is True
@@ -461,15 +468,10 @@ def test_the_gate_decides_on_the_registered_items_not_the_checkouts_copy(repo):
 
 
 def test_registered_items_changed_or_gone_stop_the_gate_in_one_line_writing_nothing(repo, capsys):
-    import mlflow
-
     params = load_params()
-    configure(params)
-    client = mlflow.MlflowClient()
-    write_eval(repo, [i < 40 for i in range(100)])
-    gate(params, register(params, lineage("c" * 32), new_run(params), repo), repo)  # v1 champion
-    write_eval(repo, [i < 80 for i in range(100)])
-    v2 = register(params, lineage("d" * 32), new_run(params), repo)
+    client = registry(params)
+    registered(params, repo, 40, "c", gated=True)  # v1 champion
+    v2 = registered(params, repo, 80, "d")
     ours = artifact_file(client.get_model_version("grpoflow-policy", "2").tags["eval.items_uri"])
     theirs = artifact_file(client.get_model_version("grpoflow-policy", "1").tags["eval.items_uri"])
     kept = ours.read_text()
@@ -515,15 +517,10 @@ def test_rollback_to_a_deleted_version_moves_nothing_and_writes_nothing(repo):
     import subprocess
     import sys
 
-    import mlflow
-
     params = load_params()
-    configure(params)
-    client = mlflow.MlflowClient()
-    write_eval(repo, [i < 40 for i in range(100)])
-    gate(params, register(params, lineage("c" * 32), new_run(params), repo), repo)
-    write_eval(repo, [i < 80 for i in range(100)])
-    gate(params, register(params, lineage("d" * 32), new_run(params), repo), repo)  # v2 replaced v1
+    client = registry(params)
+    registered(params, repo, 40, "c", gated=True)
+    registered(params, repo, 80, "d", gated=True)  # v2 replaced v1
     client.delete_model_version("grpoflow-policy", "1")
     proc = subprocess.run([sys.executable, "-m", "pipelines.cli", "rollback", "grpoflow-policy"], cwd=repo,
                           capture_output=True, text=True, timeout=300)
@@ -539,15 +536,9 @@ def test_the_next_gate_repairs_the_tags_an_older_race_left(repo):
     """Before the registry lease, two gates could both tag their versions promoted over one champion
     while the alias ended on one of them. The next gate, of a decided version or of a new one, gives
     the other its decision: superseded, naming the winner and its run."""
-    import mlflow
-
     params = load_params()
-    configure(params)
-    client = mlflow.MlflowClient()
-    regs = []
-    for k, md5 in ((40, "1"), (50, "2"), (60, "3"), (70, "4"), (90, "5")):
-        write_eval(repo, [i < k for i in range(100)])
-        regs.append(register(params, lineage(md5 * 32), new_run(params), repo))
+    client = registry(params)
+    regs = [registered(params, repo, right, md5) for right, md5 in ((40, "1"), (50, "2"), (60, "3"), (70, "4"), (90, "5"))]
 
     def left_by_a_race(version: str, previous: str | None, run: str) -> None:
         for key, value in {"promotion.decision": "promoted", "promotion.reason": f"gate of v{version}",
