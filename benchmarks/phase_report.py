@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.grpo_step import figure
+from components.common.files import write_text
 
 log = logging.getLogger("grpoflow.gpu_check")
 
@@ -76,9 +77,7 @@ class Check:
 
     def write(self) -> None:
         self.report["elapsed_seconds"] = round(time.monotonic() - self.start, 1)
-        tmp = self.out / "gpu_check.json.tmp"
-        tmp.write_text(json.dumps(rounded(self.report), indent=2) + "\n")
-        tmp.replace(self.out / "gpu_check.json")
+        write_text(self.out / "gpu_check.json", json.dumps(rounded(self.report), indent=2) + "\n")  # whole, atomic
 
     def phase(self, where: dict[str, Any], name: str, work, *args: Any, needs: str = "") -> bool:
         """Run `work(*args)` as phase `name`, its result in where[name], unless the budget is spent or

@@ -128,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remote", required=True, metavar="URL", help="the shared DVC remote (s3://..., gs://..., a folder)")
     p.add_argument("--parent-run-id", required=True, help="the pipeline's MLflow parent run")
     p.add_argument("--tracking-uri", default=None, help="MLflow server (default: MLFLOW_TRACKING_URI)")
-    p.add_argument("--workdir", default=None, metavar="DIR", help="working copy (default: a new temporary folder)")
+    p.add_argument("--workdir", default=None, metavar="DIR",
+                   help="where the working copy goes: a missing folder (made, removed afterwards) or an empty one "
+                   "(emptied afterwards, never removed); default: a new temporary folder")
     p.add_argument("--keep", action="store_true", help="keep the working copy afterwards")
     p.set_defaults(handler="pipelines.execution.stage:cli_stage")
 

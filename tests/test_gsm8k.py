@@ -91,7 +91,7 @@ def test_sft_target_has_strict_format_and_round_trips():
         ("", False),
     ],
 )
-def test_strict_format(text, ok):
+def test_strict_format_is_reasoning_then_answer_and_nothing_else(text, ok):
     assert has_strict_format(text) is ok
     assert (extract_answer(text, "strict") is not None) is ok
 
@@ -128,7 +128,7 @@ def test_strict_format(text, ok):
         ("...", None),  # lm-eval's regex would match '...'; a number needs a digit
     ],
 )
-def test_flexible_extraction(text, expected):
+def test_flexible_extraction_reads_the_last_number(text, expected):
     assert extract_answer(text, "flexible") == expected
 
 
@@ -157,7 +157,7 @@ def test_flexible_reads_a_bounded_tail_of_long_text_exactly():
         ("####", None),
     ],
 )
-def test_gsm8k_extraction(text, expected):
+def test_gsm8k_extraction_reads_the_first_final_answer_line(text, expected):
     assert extract_answer(text, "gsm8k") == expected
 
 
@@ -176,7 +176,7 @@ def test_unknown_mode_is_rejected_with_the_known_ones():
         ("a\nb", None),
     ],
 )
-def test_gold_from_answer(answer, expected):
+def test_gold_is_read_from_the_final_line_of_an_answer(answer, expected):
     assert gold_from_answer(answer) == expected
 
 
@@ -217,7 +217,7 @@ def test_gold_from_answer(answer, expected):
         ("18", None, False),
     ],
 )
-def test_answers_match(pred, gold, ok):
+def test_answers_match_as_numbers_fractions_and_latex_but_a_hedge_does_not(pred, gold, ok):
     assert answers_match(pred, gold) is ok
 
 
@@ -248,7 +248,7 @@ def test_numbers_with_thousands_of_digits_compare_without_error():
         ("gsm8k", CURTIS_SOLUTION + "\n#### 277"),
     ],
 )
-def test_curtis_example_in_every_mode(mode, text):
+def test_every_mode_accepts_the_right_answer_and_rejects_a_wrong_one(mode, text):
     assert is_correct(text, "277", mode)
     assert not is_correct(text.replace("277", "305"), "277", mode)
 

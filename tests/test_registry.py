@@ -188,7 +188,7 @@ def test_interrupted_gate_is_completed_by_the_next_run(repo):
         ([False] * 100, [True] * 10 + [False] * 90, 0.05, 0.0, False),  # worse, even though p small
     ],
 )
-def test_gate_rule(chal, champ, alpha, min_delta, expected):
+def test_gate_promotes_only_a_significant_gain_of_at_least_min_delta(chal, champ, alpha, min_delta, expected):
     ok, numbers = compare_with_champion(
         {str(i): c for i, c in enumerate(chal)}, {str(i): c for i, c in enumerate(champ)}, alpha, min_delta
     )

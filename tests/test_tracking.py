@@ -47,7 +47,7 @@ def repo(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_flatten_nested_and_lists():
+def test_flatten_joins_nested_keys_with_dots_and_writes_lists_as_text():
     assert flatten({"a": {"b": {"c": 1}, "d": [1, 2]}, "e": {}}) == {"a.b.c": "1", "a.d": "[1, 2]", "e": "{}"}
 
 
@@ -61,7 +61,7 @@ def test_flatten_nested_and_lists():
         ("mlruns", "{root}/mlruns"),
     ],
 )
-def test_resolve_tracking_uri(repo, monkeypatch, uri, expected):
+def test_a_relative_tracking_uri_resolves_against_the_repo_root(repo, monkeypatch, uri, expected):
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     params = load_params(overrides=[f"tracking.uri={uri}"])
     root = repo_root()
@@ -79,7 +79,7 @@ def test_env_uri_wins_and_server_has_no_artifact_location(repo, monkeypatch):
     assert resolve_artifact_location(params, "sqlite:///x.db") == (repo / "mlartifacts").as_uri()
 
 
-def test_stage_sections_from_dvc_yaml(repo):
+def test_a_stages_params_sections_are_read_from_dvc_yaml(repo):
     params = load_params()
     assert stage_sections("grpo", params) == ["model", "grpo", "rewards"]
     assert stage_sections("evaluate", params) == ["evaluate"]  # not in dvc.yaml: its own section

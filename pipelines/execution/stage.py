@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,7 +38,7 @@ from pipelines.execution.dvc_ops import (
     stage_status,
     upstream_stages,
 )
-from pipelines.execution.gitrepo import working_copy
+from pipelines.execution.gitrepo import own_workdir, working_copy
 from pipelines.results import failure_message
 
 STAGE_FLOW = "grpoflow-stage"
@@ -85,11 +83,9 @@ def run_in_working_copy(
     """Run one stage in a clean working copy; returns {stage, status, seconds, lock_entry, lock_md5,
     run_id, workdir, host, pid}."""
     source = Path(source or repo_root()).resolve()
-    work = Path(workdir or tempfile.mkdtemp(prefix=f"grpoflow-stage-{stage}-"))
-    if workdir is None:
-        work.rmdir()  # git clone makes it
     start = time.time()
-    try:
+    # Removed afterwards (unless keep) only as far as it was made here: a user's folder is never deleted.
+    with own_workdir(workdir, f"grpoflow-stage-{stage}-", keep) as work:
         working_copy(source, commit, work)
         write_text(work / "params.yaml", params_yaml)
         if dvc_lock:
@@ -126,9 +122,6 @@ def run_in_working_copy(
             client.set_tag(run_id, f"{TAG_PREFIX}runner.{key}", str(result[key]))
         client.log_dict(run_id, result, RESULT_ARTIFACT)
         return result
-    finally:
-        if not keep:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 @flow(name=STAGE_FLOW, log_prints=True, flow_run_name="{stage}@{commit}")

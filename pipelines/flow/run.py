@@ -22,6 +22,7 @@ from pathlib import Path
 from components.common.entry import fail
 from components.common.params import Params
 from components.common.tracking import repo_root, resolve_tracking_uri
+from pipelines.execution.group_watchdog import proc_stat
 from pipelines.params.config import load_checked
 from pipelines.results import Interrupted, interrupted_stage
 
@@ -126,7 +127,7 @@ def _process_age() -> float:
     import time
 
     try:
-        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        ticks = int((proc_stat("self") or [])[19])
         uptime = float(open("/proc/uptime").read().split()[0])
         return max(uptime - ticks / os.sysconf("SC_CLK_TCK"), 0.0)
     except (OSError, ValueError, IndexError):
