@@ -164,7 +164,11 @@ def configure(params: Params, base: str | os.PathLike | None = None) -> str:
     else:
         exp_id = exp.experiment_id
     if exp is not None and _kind_to_set(exp.tags):  # an experiment an older grpoflow (or MLflow) created
-        client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        try:
+            client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        except MlflowException:  # another process set it between our read and our write
+            if _kind_to_set(client.get_experiment(exp_id).tags):
+                raise
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
 
