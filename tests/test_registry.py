@@ -563,3 +563,44 @@ def test_the_next_gate_repairs_the_tags_an_older_race_left(repo):
     assert client.get_model_version("grpoflow-policy", "3").tags["promotion.reason"].startswith(
         "superseded: v4 was promoted first, by run run-d; an older race left v3 tagged promoted over v2 as well")
     assert client.get_model_version("grpoflow-policy", "2").tags[DECISION_TAG] == "promoted"  # replaced, not a stray
+
+
+def test_a_champion_that_moves_during_a_re_evaluation_is_re_evaluated_in_its_turn(repo, monkeypatch):
+    """A re-evaluation runs outside the registry lease. When another process moves the champion
+    meanwhile (here `grpoflow promote`, from inside the stand-in for the evaluation, which the
+    re-evaluation test above runs for real), the gate re-evaluates the new champion and decides
+    against it; after three such moves it records superseded, naming the winner."""
+    from pipelines.registry import promotion
+
+    params = load_params()
+    client = registry(params)
+    for right, md5 in ((40, "1"), (45, "2"), (50, "3"), (55, "4")):
+        registered(params, repo, right, md5)
+    gate(params, promotion.Registration("grpoflow-policy", "1", created=False), repo)  # v1 champion
+
+    def challenger(md5: str):  # evaluated on other items: every champion is re-evaluated on its items
+        reg = registered(params, repo, 90, md5)
+        client.set_model_version_tag("grpoflow-policy", reg.version, "eval.test_sha256", md5 * 64)
+        return reg
+
+    evaluated, moves = [], []
+
+    def evaluate_while_the_champion_moves(params, name, version, root, test_sha256):
+        evaluated.append(version)
+        if moves:
+            force_promote(params, name, moves.pop(0), "meanwhile, from another checkout")
+        return {f"q{i}": {"id": f"q{i}", "correct": i < 40} for i in range(100)}
+
+    monkeypatch.setattr(promotion, "reevaluate", evaluate_while_the_champion_moves)
+    moves[:] = ["2"]
+    decision = gate(params, challenger("a"), repo)
+    assert evaluated == ["1", "2"] and decision.champion_before == "2" and decision.decision == "promoted"
+
+    evaluated.clear()
+    moves[:] = ["3", "4", "2"]
+    decision = gate(params, challenger("b"), repo)
+    assert evaluated == ["5", "3", "4"] and decision.decision == "superseded"
+    assert decision.reason.startswith("superseded: v2 was promoted first, by hand, while this gate re-evaluated "
+                                      "v5, v3, v4; v6 was not compared with it")
+    assert client.get_model_version("grpoflow-policy", "6").tags[DECISION_TAG] == "superseded"
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "2"

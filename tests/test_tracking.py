@@ -151,7 +151,7 @@ def test_checkouts_opening_an_untagged_experiment_at_once_all_open_it(repo):
         exp_id = client.create_experiment(f"shared-{attempt}")
         start = threading.Barrier(8)
 
-        def open_it(params=params):
+        def open_it(params=params, start=start):
             start.wait()
             try:
                 configure(params)
