@@ -63,6 +63,9 @@ def test_registry_mistakes_are_one_line(checkout):
     assert proc.returncode == 2 and "version 7 does not exist" in one_line(proc)
     proc = grpoflow(checkout, "rollback", "no-such-model")
     assert proc.returncode == 2 and "no champion alias" in one_line(proc)
+    import mlflow
+
+    assert mlflow.MlflowClient().search_registered_models() == []  # a mistake creates nothing, no registry lease
 
 
 def test_dvc_refusing_the_checkout_is_one_line(checkout, tmp_path):

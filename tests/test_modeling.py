@@ -206,19 +206,27 @@ def _checkpoint(d: Path, step: int, complete: bool = True) -> None:
         (c / "trainer_state.json").write_text("{}")
 
 
-def test_training_on_a_cpu_prints_none_of_the_known_harmless_warnings(tiny):
+def test_training_on_a_cpu_prints_none_of_the_known_harmless_warnings(tiny, train_file):
     """No pinned memory without an accelerator (torch's DataLoader would warn each epoch), and TRL's
     read of the deprecated `is_gradient_checkpointing` before each GRPO generation is silenced by its
-    exact message; another FutureWarning still shows."""
+    exact message; the training split logged as the run's dataset declares its integer column
+    (`steps`) as a double, so MLflow's "Inferred schema contains integer column(s)" hint is not
+    printed (it was, once per stage); another FutureWarning still shows."""
     import warnings
 
+    import mlflow
     import torch
     from trl import SFTConfig
     from trl.models.utils import disable_gradient_checkpointing
 
+    from components.common.tracking import log_datasets
+
     args = finetune.build_trl_args(SFTConfig, "sft", {"max_steps": 1}, output_dir="x")
     assert args.dataloader_pin_memory is False  # CPU
     model, _ = tiny
+    assert isinstance(read_split(train_file)[0]["steps"], int)
+    client = mlflow.MlflowClient()
+    run_id = client.create_run(client.create_experiment("polish")).info.run_id
 
     def warned(quiet: bool) -> list[str]:
         with warnings.catch_warnings(record=True) as caught:
@@ -228,6 +236,7 @@ def test_training_on_a_cpu_prints_none_of_the_known_harmless_warnings(tiny):
             list(torch.utils.data.DataLoader(list(range(4)), batch_size=2, pin_memory=args.dataloader_pin_memory))
             with disable_gradient_checkpointing(model):  # what TRL runs before generating
                 pass
+            log_datasets(run_id, {"train": (train_file, "training")})  # what the stage's MLflow run logs
             warnings.warn("some other deprecation", FutureWarning, stacklevel=2)
         return [str(w.message) for w in caught]
 

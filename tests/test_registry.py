@@ -8,6 +8,7 @@ explicit pip requirements), the paired promotion gate, forced promotion and roll
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,24 @@ def new_run(params) -> str:
 
 def lineage(md5: str) -> dict[str, str]:
     return {"lineage.dvc_lock_md5": md5, "lineage.git_commit": "abc123", "lineage.git_dirty": "false"}
+
+
+def registered(params, repo: Path, right: int, md5: str, gated: bool = False):
+    """A new version whose first `right` of 100 items are correct (items written as the evaluate
+    stage does, then registered); gated when asked."""
+    write_eval(repo, [i < right for i in range(100)])
+    reg = register(params, lineage(md5 * 32), new_run(params), repo)
+    if gated:
+        gate(params, reg, repo)
+    return reg
+
+
+def registry(params):
+    """The MLflow client of `params`' store (mlflow's URI is process-global: set before the client)."""
+    import mlflow
+
+    configure(params)
+    return mlflow.MlflowClient()
 
 
 def test_register_is_idempotent_loads_back_and_first_version_becomes_champion(repo):
@@ -144,15 +163,10 @@ def test_gate_rejects_no_better_challenger_and_promotes_a_better_one(repo):
 
 def test_interrupted_gate_is_completed_by_the_next_run(repo):
     """A crash after the alias moved but before the decision tag: the next gate finishes the job."""
-    import mlflow
-
     params = load_params()
-    configure(params)
-    client = mlflow.MlflowClient()
-    write_eval(repo, [i < 40 for i in range(100)])
-    gate(params, register(params, lineage("5" * 32), new_run(params), repo), repo)
-    write_eval(repo, [i < 80 for i in range(100)])
-    reg = register(params, lineage("6" * 32), new_run(params), repo)
+    client = registry(params)
+    registered(params, repo, 40, "5", gated=True)
+    reg = registered(params, repo, 80, "6")
     # What _write_decision leaves behind if the process dies just before its last write:
     client.set_model_version_tag("grpoflow-policy", reg.version, "promotion.reason", "better: promoted")
     client.set_registered_model_alias("grpoflow-policy", CHAMPION, reg.version)
@@ -411,3 +425,182 @@ def test_an_adapter_version_stores_the_adapter_and_loads_where_no_base_is(repo, 
         f"models:/grpoflow-policy/{reg.version}", return_type="components", base_model_path=str(cache / "bases" / sha)
     )
     assert type(components["model"]).__name__ == "PeftModelForCausalLM"
+
+
+# --------------------------------------------------------------------------- bad registry input
+
+
+def gate_exit(params, reg, root, capsys) -> tuple[int, list[str]]:
+    """The gate as a command runs it (one_line_errors): its exit code and its `error:` lines."""
+    from components.common.entry import one_line_errors
+
+    code = one_line_errors(lambda: gate(params, reg, root) and 0)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, [line for line in err.splitlines() if line.startswith("error: ")]
+
+
+def artifact_file(uri: str) -> Path:
+    from urllib.parse import urlparse
+
+    return Path(urlparse(uri).path)
+
+
+def promotion_tags(client, version: str) -> list[str]:
+    return [k for k in client.get_model_version("grpoflow-policy", version).tags if k.startswith("promotion.")]
+
+
+def test_the_gate_decides_on_the_registered_items_not_the_checkouts_copy(repo):
+    """A stale or edited local items file, or none at all, changes nothing: the gate reads the items
+    registered with each version, checked against the hash recorded at registration."""
+    params = load_params()
+    client = registry(params)
+    registered(params, repo, 40, "c", gated=True)
+    v2 = registered(params, repo, 80, "d")
+    write_eval(repo, [False] * 100)  # the checkout's copy edited after registration
+    assert gate(params, v2, repo).decision == "promoted"
+    v3 = registered(params, repo, 95, "e")
+    (repo / "reports" / "eval" / "grpo.items.jsonl").unlink()  # and gone
+    decided = gate(params, v3, repo)
+    assert decided.decision == "promoted" and decided.numbers["items_checked"] is True
+    tags = client.get_model_version("grpoflow-policy", "3").tags
+    assert len(tags["eval.items_sha256"]) == 64 and tags["promotion.items_checked"] == "true"
+
+
+def test_registered_items_changed_or_gone_stop_the_gate_in_one_line_writing_nothing(repo, capsys):
+    params = load_params()
+    client = registry(params)
+    registered(params, repo, 40, "c", gated=True)  # v1 champion
+    v2 = registered(params, repo, 80, "d")
+    ours = artifact_file(client.get_model_version("grpoflow-policy", "2").tags["eval.items_uri"])
+    theirs = artifact_file(client.get_model_version("grpoflow-policy", "1").tags["eval.items_uri"])
+    kept = ours.read_text()
+
+    ours.write_text(kept.replace('"correct": false', '"correct": true'))  # changed after registration
+    code, lines = gate_exit(params, v2, repo, capsys)
+    assert code == 2 and len(lines) == 1 and "grpoflow-policy v2: its evaluation items" in lines[0]
+    assert "recorded at registration (eval.items_sha256): they changed since" in lines[0]
+    ours.unlink()  # gone
+    code, lines = gate_exit(params, v2, repo, capsys)
+    assert code == 2 and len(lines) == 1 and re.search(r"v2: its evaluation items \S+ \(eval.items_uri\) cannot be "
+                                                       r"read .*; restore that artifact", lines[0]), lines
+    ours.write_text(kept)
+    uri = client.get_model_version("grpoflow-policy", "2").tags["eval.items_uri"]
+    client.delete_model_version_tag("grpoflow-policy", "2", "eval.items_uri")  # not registered by grpoflow run
+    code, lines = gate_exit(params, v2, repo, capsys)
+    assert code == 2 and len(lines) == 1 and "grpoflow-policy v2 has no eval.items_uri tag" in lines[0]
+    client.set_model_version_tag("grpoflow-policy", "2", "eval.items_uri", uri)
+    theirs.write_text(theirs.read_text() + "\n")  # the champion's changed
+    code, lines = gate_exit(params, v2, repo, capsys)
+    assert code == 2 and len(lines) == 1 and "grpoflow-policy v1: its evaluation items" in lines[0]
+    assert promotion_tags(client, "2") == []  # nothing written
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "1"
+
+    # A champion registered before the hash was recorded: compared unchecked, and the gate says so.
+    theirs.write_text(theirs.read_text()[:-1])
+    client.delete_model_version_tag("grpoflow-policy", "1", "eval.items_sha256")
+    decided = gate(params, v2, repo)
+    assert decided.decision == "promoted" and decided.numbers["items_checked"] is False
+    assert ("promotion: grpoflow-policy v1 was registered before grpoflow recorded its items' hash "
+            "(eval.items_sha256); its items") in capsys.readouterr().out
+
+
+def test_gating_a_version_not_in_the_registry_is_one_line_exit_2(repo, capsys):
+    from pipelines.results import Registration
+
+    params = load_params()
+    code, lines = gate_exit(params, Registration("grpoflow-policy", "99", created=False), repo, capsys)
+    assert code == 2 and len(lines) == 1 and "grpoflow-policy version 99 does not exist in sqlite:" in lines[0]
+
+
+def test_rollback_to_a_deleted_version_moves_nothing_and_writes_nothing(repo):
+    import subprocess
+    import sys
+
+    params = load_params()
+    client = registry(params)
+    registered(params, repo, 40, "c", gated=True)
+    registered(params, repo, 80, "d", gated=True)  # v2 replaced v1
+    client.delete_model_version("grpoflow-policy", "1")
+    proc = subprocess.run([sys.executable, "-m", "pipelines.cli", "rollback", "grpoflow-policy"], cwd=repo,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: grpoflow-policy v2 replaced v1, which is no longer in the registry (deleted); nothing moved. "
+        "Put champion on a version by hand: grpoflow promote grpoflow-policy VERSION --reason TEXT"]
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "2"
+    assert not [k for k in client.get_model_version("grpoflow-policy", "2").tags if k.startswith("rollback.")]
+
+
+def test_the_next_gate_repairs_the_tags_an_older_race_left(repo):
+    """Before the registry lease, two gates could both tag their versions promoted over one champion
+    while the alias ended on one of them. The next gate, of a decided version or of a new one, gives
+    the other its decision: superseded, naming the winner and its run."""
+    params = load_params()
+    client = registry(params)
+    regs = [registered(params, repo, right, md5) for right, md5 in ((40, "1"), (50, "2"), (60, "3"), (70, "4"), (90, "5"))]
+
+    def left_by_a_race(version: str, previous: str | None, run: str) -> None:
+        for key, value in {"promotion.decision": "promoted", "promotion.reason": f"gate of v{version}",
+                           "promotion.decided_by_run": run, "promotion.decided_at": "2026-11-30 10:00 UTC",
+                           **({"promotion.previous_champion": previous} if previous else {})}.items():
+            client.set_model_version_tag("grpoflow-policy", version, key, value)
+        client.set_registered_model_alias("grpoflow-policy", CHAMPION, version)
+
+    left_by_a_race("1", None, "run-a")
+    left_by_a_race("2", None, "run-b")  # both over no champion; the alias ended on v2
+    decided = gate(params, regs[1], repo)  # the next run of v2's checkout: nothing new to decide
+    assert decided.decision == "promoted"
+    tags = client.get_model_version("grpoflow-policy", "1").tags
+    assert tags[DECISION_TAG] == "superseded" and tags["promotion.gate_reason"] == "gate of v1"
+    assert tags["promotion.reason"] == ("superseded: v2 was promoted first, by run run-b; an older race left v1 tagged "
+                                        "promoted over no champion as well (repaired by the gate of v2)")
+
+    left_by_a_race("3", "2", "run-c")
+    left_by_a_race("4", "2", "run-d")  # both over v2; the alias ended on v4
+    decision = gate(params, regs[4], repo)  # a new version's gate
+    assert decision.decision == "promoted" and decision.champion_before == "4"
+    assert client.get_model_version("grpoflow-policy", "3").tags["promotion.reason"].startswith(
+        "superseded: v4 was promoted first, by run run-d; an older race left v3 tagged promoted over v2 as well")
+    assert client.get_model_version("grpoflow-policy", "2").tags[DECISION_TAG] == "promoted"  # replaced, not a stray
+
+
+def test_a_champion_that_moves_during_a_re_evaluation_is_re_evaluated_in_its_turn(repo, monkeypatch):
+    """A re-evaluation runs outside the registry lease. When another process moves the champion
+    meanwhile (here `grpoflow promote`, from inside the stand-in for the evaluation, which the
+    re-evaluation test above runs for real), the gate re-evaluates the new champion and decides
+    against it; after three such moves it records superseded, naming the winner."""
+    from pipelines.registry import promotion
+
+    params = load_params()
+    client = registry(params)
+    for right, md5 in ((40, "1"), (45, "2"), (50, "3"), (55, "4")):
+        registered(params, repo, right, md5)
+    gate(params, promotion.Registration("grpoflow-policy", "1", created=False), repo)  # v1 champion
+
+    def challenger(md5: str):  # evaluated on other items: every champion is re-evaluated on its items
+        reg = registered(params, repo, 90, md5)
+        client.set_model_version_tag("grpoflow-policy", reg.version, "eval.test_sha256", md5 * 64)
+        return reg
+
+    evaluated, moves = [], []
+
+    def evaluate_while_the_champion_moves(params, name, version, root, test_sha256):
+        evaluated.append(version)
+        if moves:
+            force_promote(params, name, moves.pop(0), "meanwhile, from another checkout")
+        return {f"q{i}": {"id": f"q{i}", "correct": i < 40} for i in range(100)}
+
+    monkeypatch.setattr(promotion, "reevaluate", evaluate_while_the_champion_moves)
+    moves[:] = ["2"]
+    decision = gate(params, challenger("a"), repo)
+    assert evaluated == ["1", "2"] and decision.champion_before == "2" and decision.decision == "promoted"
+
+    evaluated.clear()
+    moves[:] = ["3", "4", "2"]
+    decision = gate(params, challenger("b"), repo)
+    assert evaluated == ["5", "3", "4"] and decision.decision == "superseded"
+    assert decision.reason.startswith("superseded: v2 was promoted first, by hand, while this gate re-evaluated "
+                                      "v5, v3, v4; v6 was not compared with it")
+    assert client.get_model_version("grpoflow-policy", "6").tags[DECISION_TAG] == "superseded"
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "2"

@@ -133,6 +133,40 @@ def test_the_experiment_opens_on_its_training_runs(repo):
         assert client.get_experiment(exp_id).tags.get(EXPERIMENT_KIND_TAG) == after
 
 
+def test_checkouts_opening_an_untagged_experiment_at_once_all_open_it(repo):
+    """Eight processes' first `configure` on an experiment created without its kind (by someone
+    else, or an older grpoflow) each set the kind: the losers of that write must not fail (MLflow's
+    store raises an IntegrityError for the second insert of one tag; tests/slow/test_registry_race.py
+    met it)."""
+    import threading
+
+    import mlflow
+
+    from components.common.tracking import EXPERIMENT_KIND_TAG, configure
+
+    client = mlflow.MlflowClient(resolve_tracking_uri(load_params()))
+    errors = []
+    for attempt in range(8):
+        params = load_params(overrides=[f"tracking.experiment=shared-{attempt}"])
+        exp_id = client.create_experiment(f"shared-{attempt}")
+        start = threading.Barrier(8)
+
+        def open_it(params=params, start=start):
+            start.wait()
+            try:
+                configure(params)
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {str(exc)[:120]}")
+
+        threads = [threading.Thread(target=open_it) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert client.get_experiment(exp_id).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    assert not errors, errors
+
+
 def test_stage_run_marks_failed_and_reraises(repo):
     import mlflow
 

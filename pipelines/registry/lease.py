@@ -44,6 +44,7 @@ HOLDER_TAG, PURPOSE_TAG, TTL_TAG = "lease.holder", "lease.purpose", "lease.ttl_s
 TICKET_SOURCE = "grpoflow-lease:/"  # a ticket holds no model; MLflow wants a source that names nothing local
 TTL_S = 60.0  # a ticket untouched for this long is dead
 HEARTBEAT_S = 10.0
+POLL_S = 0.1  # a waiter looks every POLL_S seconds per ticket ahead of it (at most every second)
 WAIT_S = 300.0  # how long a process waits for the lease before it gives up, naming the holder
 
 
@@ -67,15 +68,21 @@ def _ensure_lock_model(client, lock: str) -> None:
     from mlflow.exceptions import MlflowException
 
     try:
-        client.create_registered_model(
-            lock, tags={KIND_TAG: LOCK_KIND},
-            description="grpoflow's registry lease: each version is a waiting or holding process's ticket "
-                        "(pipelines/registry/lease.py). Not a model.")
-        return
+        model = client.get_registered_model(lock)
     except MlflowException as exc:
-        if "ALREADY_EXISTS" not in str(exc.error_code) and "already exists" not in str(exc).lower():
+        if not _missing(exc):
             raise
-    if client.get_registered_model(lock).tags.get(KIND_TAG) != LOCK_KIND:
+        try:
+            client.create_registered_model(
+                lock, tags={KIND_TAG: LOCK_KIND},
+                description="grpoflow's registry lease: each version is a waiting or holding process's ticket "
+                            "(pipelines/registry/lease.py). Not a model.")
+            return
+        except MlflowException as exc:
+            if "ALREADY_EXISTS" not in str(exc.error_code):
+                raise
+        model = client.get_registered_model(lock)
+    if model.tags.get(KIND_TAG) != LOCK_KIND:
         raise RegistryError(f"{lock}: a registered model of this name exists without the tag {KIND_TAG}={LOCK_KIND}; "
                             "grpoflow uses this name for its registry lease: rename that model")
 
@@ -137,7 +144,7 @@ class Lease:
 
     def wait(self, wait_s: float, say=print) -> None:
         """Return once this ticket is the lowest live one; RegistryError after `wait_s` seconds."""
-        start, pause, said = time.monotonic(), 0.05, None
+        start, said = time.monotonic(), None
         while True:
             tickets = self.client.search_model_versions(f"name = '{self.lock}'")
             if not any(int(t.version) == self.ticket for t in tickets):
@@ -161,8 +168,8 @@ class Lease:
             if who != said:
                 say(f"waiting for the registry lease held by {who}", flush=True)
                 said = who
-            time.sleep(pause * random.uniform(0.5, 1.5))
-            pause = min(pause * 1.5, 1.0)
+            ahead = sum(int(t.version) < self.ticket for t in live)  # the next in line looks most often
+            time.sleep(min(POLL_S * ahead, 1.0) * random.uniform(0.5, 1.5))
 
 
 def ttl_of(ticket) -> float:

@@ -109,40 +109,51 @@ def force_promote(params: Params, name: str, version: str, reason: str) -> Decis
     """Put `champion` on a version by hand; the reason and who did it are tagged."""
     client = client_for(params)
     version = str(version)
-    model_version(client, name, version)  # before taking the lease: a wrong number fails at once
-    with registry_lease(client, name, f"grpoflow promote v{version}") as lease:
+
+    def champion_now() -> str | None:
         champion = alias_version(client, name, CHAMPION)
-        before = champion.version if champion else None
-        if before == version:
+        if champion is not None and champion.version == version:
             raise RegistryError(f"{name} v{version} is already the champion")
+        return champion.version if champion else None
+
+    model_version(client, name, version)  # before taking the lease: a mistake fails at once, touching nothing
+    champion_now()
+    with registry_lease(client, name, f"grpoflow promote v{version}") as lease:
+        before = champion_now()  # again, in this process's turn
         decision = Decision(name, version, "forced", f"forced by {getpass.getuser()}: {reason}", before)
         write_decision(client, lease, decision, move_alias=True)
     return decision
 
 
+def _rollback_target(client, name: str) -> tuple[str, str]:
+    """(champion, the version it replaced), both in the registry, or RegistryError saying why not."""
+    champion = alias_version(client, name, CHAMPION)
+    if champion is None:
+        raise RegistryError(f"{name} has no champion alias to roll back")
+    previous = champion.tags.get(PREVIOUS_TAG)
+    if not previous:
+        raise RegistryError(f"{name} v{champion.version} replaced no earlier champion; nothing to roll back to")
+    try:
+        model_version(client, name, previous)
+    except RegistryError:
+        raise RegistryError(
+            f"{name} v{champion.version} replaced v{previous}, which is no longer in the registry (deleted); "
+            f"nothing moved. Put champion on a version by hand: grpoflow promote {name} VERSION --reason TEXT"
+        ) from None
+    return champion.version, previous
+
+
 def rollback(params: Params, name: str) -> Decision:
     """Move `champion` back to the version it replaced (its `promotion.previous_champion` tag)."""
     client = client_for(params)
+    _rollback_target(client, name)  # before taking the lease: a mistake fails at once, touching nothing
     with registry_lease(client, name, "grpoflow rollback") as lease:
-        champion = alias_version(client, name, CHAMPION)
-        if champion is None:
-            raise RegistryError(f"{name} has no champion alias to roll back")
-        previous = champion.tags.get(PREVIOUS_TAG)
-        if not previous:
-            raise RegistryError(f"{name} v{champion.version} replaced no earlier champion; nothing to roll back to")
-        try:
-            model_version(client, name, previous)
-        except RegistryError:
-            raise RegistryError(
-                f"{name} v{champion.version} replaced v{previous}, which is no longer in the registry (deleted); "
-                f"nothing moved. Put champion on a version by hand: grpoflow promote {name} VERSION --reason TEXT"
-            ) from None
-        move_champion(client, lease, name, champion.version, previous, "rolling back")
+        champion, previous = _rollback_target(client, name)  # again, in this process's turn
+        move_champion(client, lease, name, champion, previous, "rolling back")
         user = getpass.getuser()
-        client.set_model_version_tag(name, champion.version, ROLLBACK_REASON_TAG, f"rolled back by {user} to v{previous}")
-        client.set_model_version_tag(name, previous, RESTORED_FROM_TAG, champion.version)
-    return Decision(name, previous, "rollback", f"champion moved back from v{champion.version} to v{previous}",
-                    champion.version)
+        client.set_model_version_tag(name, champion, ROLLBACK_REASON_TAG, f"rolled back by {user} to v{previous}")
+        client.set_model_version_tag(name, previous, RESTORED_FROM_TAG, champion)
+    return Decision(name, previous, "rollback", f"champion moved back from v{champion} to v{previous}", champion)
 
 
 # --------------------------------------------------------------------------- an older race's stray tags
