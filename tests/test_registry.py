@@ -638,3 +638,27 @@ def test_a_champion_moved_before_the_lease_is_taken_stops_rollback_and_promote_w
     assert "nothing moved" in str(err.value) and "\n" not in str(err.value)
     assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "3"
     assert tags() == moved[0]
+
+
+def test_only_a_missing_model_or_alias_reads_as_no_champion_other_registry_errors_propagate(repo):
+    """A store that fails (here its aliases table is gone: MLflow answers TEMPORARILY_UNAVAILABLE,
+    as for a server error) must not read as "no champion yet", or a gate would set the alias over
+    the real champion."""
+    import sqlite3
+
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from pipelines.registry.register import alias_version
+
+    params = load_params()
+    client = registry(params)
+    assert alias_version(client, "grpoflow-policy", CHAMPION) is None  # no model yet
+    registered(params, repo, 40, "1")
+    assert alias_version(client, "grpoflow-policy", CHAMPION) is None  # a model, no champion
+    assert alias_version(client, "grpoflow-policy", CHALLENGER).version == "1"
+    db = mlflow.get_tracking_uri().removeprefix("sqlite:///")
+    with sqlite3.connect(db) as con:
+        con.execute("DROP TABLE registered_model_aliases")
+    with pytest.raises(MlflowException, match="registered_model_aliases"):
+        alias_version(client, "grpoflow-policy", CHAMPION)
