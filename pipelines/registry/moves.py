@@ -17,6 +17,7 @@ import time
 
 from components.common.errors import RegistryError
 from components.common.params import Params
+from components.common.params_rules import check_model_name
 from pipelines.registry.lease import Lease, registry_lease
 from pipelines.registry.register import (
     CHAMPION,
@@ -117,8 +118,11 @@ def as_decided(client, mv) -> str:
 
 def force_promote(params: Params, name: str, version: str, reason: str) -> Decision:
     """Put `champion` on a version by hand; the reason and who did it are tagged."""
-    client = client_for(params)
+    check_model_name(name, "the model name")
     version = str(version)
+    if not version.isdecimal():
+        raise RegistryError(f"{name}: version {version!r} is not a version number (1, 2, …)")
+    client = client_for(params)
 
     def champion_now() -> str | None:
         champion = alias_version(client, name, CHAMPION)
@@ -156,6 +160,7 @@ def _rollback_target(client, name: str) -> tuple[str, str]:
 
 def rollback(params: Params, name: str) -> Decision:
     """Move `champion` back to the version it replaced (its `promotion.previous_champion` tag)."""
+    check_model_name(name, "the model name")
     client = client_for(params)
     read, _ = _rollback_target(client, name)  # before taking the lease: a mistake fails at once, touching nothing
     with registry_lease(client, name, "grpoflow rollback") as lease:
