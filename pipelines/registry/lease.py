@@ -140,9 +140,14 @@ class Lease:
             raise RegistryError(f"{self.lock}: this process lost the registry lease: {self._lost}; nothing more "
                                 "was written. Run the command again")
 
-    def release(self) -> None:
+    def release(self, server_gone: bool = False) -> None:
+        """Delete this ticket. The heartbeat thread is not waited for (a daemon; a beat after the
+        delete finds the ticket gone). With `server_gone` (the block failed because the tracking
+        server stopped answering) no call is made: the ticket expires after its TTL, and the
+        command ends within one call's budget instead of three."""
         self._stop.set()
-        self._thread.join(timeout=self.heartbeat_s + 5)
+        if server_gone:
+            return
         with contextlib.suppress(Exception):  # gone already: deleted as dead by a waiter
             self.client.delete_model_version(self.lock, str(self.ticket))
 
@@ -191,5 +196,9 @@ def registry_lease(client, name: str, purpose: str, *, wait_s: float = WAIT_S, t
     try:
         lease.wait(wait_s)
         yield lease
-    finally:
-        lease.release()
+    except BaseException as exc:
+        from pipelines.execution.services import unavailable
+
+        lease.release(server_gone=unavailable(exc) is not None)
+        raise
+    lease.release()
