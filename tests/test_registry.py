@@ -604,3 +604,61 @@ def test_a_champion_that_moves_during_a_re_evaluation_is_re_evaluated_in_its_tur
                                       "v5, v3, v4; v6 was not compared with it")
     assert client.get_model_version("grpoflow-policy", "6").tags[DECISION_TAG] == "superseded"
     assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "2"
+
+
+@pytest.mark.parametrize("command", ["rollback", "promote"])
+def test_a_champion_moved_before_the_lease_is_taken_stops_rollback_and_promote_writing_nothing(repo, monkeypatch,
+                                                                                                 command):
+    """The user read v2 as champion and asked to roll it back (or to force v1 over it); another
+    process promoted v3 before this one took the registry lease. Nothing moves, nothing is written,
+    and the one line names both versions."""
+    from pipelines.registry import moves
+
+    params = load_params()
+    client = registry(params)
+    for right, md5 in ((40, "1"), (60, "2")):
+        registered(params, repo, right, md5, gated=True)  # v2 replaced v1
+    registered(params, repo, 10, "3")
+    real, moved = moves.registry_lease, []
+
+    def tags():
+        return {v: client.get_model_version("grpoflow-policy", v).tags for v in "123"}
+
+    def lease_after_another_promotion(client, name, purpose, **kw):
+        if not moved and purpose in ("grpoflow rollback", "grpoflow promote v1"):
+            force_promote(params, name, "3", "from another checkout")
+            moved.append(tags())
+        return real(client, name, purpose, **kw)
+
+    monkeypatch.setattr(moves, "registry_lease", lease_after_another_promotion)
+    with pytest.raises(RegistryError) as err:
+        rollback(params, "grpoflow-policy") if command == "rollback" else force_promote(
+            params, "grpoflow-policy", "1", "hand-checked")
+    assert moved and str(err.value).startswith("grpoflow-policy: the champion moved from v2 to v3 while `grpoflow ")
+    assert "nothing moved" in str(err.value) and "\n" not in str(err.value)
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "3"
+    assert tags() == moved[0]
+
+
+def test_only_a_missing_model_or_alias_reads_as_no_champion_other_registry_errors_propagate(repo):
+    """A store that fails (here its aliases table is gone: MLflow answers TEMPORARILY_UNAVAILABLE,
+    as for a server error) must not read as "no champion yet", or a gate would set the alias over
+    the real champion."""
+    import sqlite3
+
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from pipelines.registry.register import alias_version
+
+    params = load_params()
+    client = registry(params)
+    assert alias_version(client, "grpoflow-policy", CHAMPION) is None  # no model yet
+    registered(params, repo, 40, "1")
+    assert alias_version(client, "grpoflow-policy", CHAMPION) is None  # a model, no champion
+    assert alias_version(client, "grpoflow-policy", CHALLENGER).version == "1"
+    db = mlflow.get_tracking_uri().removeprefix("sqlite:///")
+    with sqlite3.connect(db) as con:
+        con.execute("DROP TABLE registered_model_aliases")
+    with pytest.raises(MlflowException, match="registered_model_aliases"):
+        alias_version(client, "grpoflow-policy", CHAMPION)

@@ -125,3 +125,29 @@ def test_a_model_of_the_locks_name_not_made_by_grpoflow_is_refused(client):
     with pytest.raises(RegistryError, match="exists without the tag grpoflow.kind=registry-lock"):
         with registry_lease(client, "m", "x"):
             pass
+
+
+def test_a_hung_tracking_server_inside_the_lease_ends_the_command_within_one_calls_budget(tmp_path, monkeypatch):
+    """The server stops answering (SIGSTOP: connections are accepted, nothing answers) while this
+    process holds the lease: the failing call gives up within the budget, and releasing the lease
+    adds no wait for the heartbeat thread and no delete that would wait a budget again."""
+    import mlflow
+
+    from pipelines.execution.services import mlflow_http_settings, unavailable
+    from tests.servers import mlflow_server, served
+
+    budget = 6.0
+    for key, value in mlflow_http_settings(budget).items():
+        monkeypatch.setenv(key, value)
+    with served(lambda port: mlflow_server(port, tmp_path), "/health", tmp_path / "mlflow.log") as server:
+        client = mlflow.MlflowClient(tracking_uri=server.url, registry_uri=server.url)
+        monkeypatch.setattr(mlflow, "get_tracking_uri", lambda: server.url)  # unavailable() names this server
+        with pytest.raises(Exception) as err:
+            with registry_lease(client, "m", "a gate", heartbeat_s=1):
+                os.killpg(server.proc.pid, signal.SIGSTOP)
+                start = time.monotonic()
+                client.get_registered_model("m")
+        seconds = time.monotonic() - start
+        os.killpg(server.proc.pid, signal.SIGCONT)
+    assert unavailable(err.value) is not None, err.value
+    assert seconds < budget + 3, seconds

@@ -72,7 +72,10 @@ def own_workdir(workdir: str | os.PathLike | None, prefix: str, keep: bool) -> I
         if work.exists() and not (work.is_dir() and not any(work.iterdir())):
             raise WorkingCopyError(f"{work} is not empty; give a new folder")
         made = not work.exists()
-        work.mkdir(parents=True, exist_ok=True)
+        try:
+            work.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file where a parent folder should be, no permission
+            raise WorkingCopyError(f"{work}: cannot make this folder ({exc.strerror}); give a new folder") from None
     try:
         yield work
     finally:

@@ -25,7 +25,7 @@ from typing import Any
 
 from prefect import flow
 
-from components.common.errors import GrpoflowError
+from components.common.errors import GrpoflowError, InputError
 from components.common.files import repo_root, write_text
 from components.common.tracking import STAGE_TAG, TAG_PREFIX
 from pipelines.execution import dvc_ops
@@ -134,11 +134,18 @@ def stage_flow(
     return run_in_working_copy(stage, commit, params_yaml, dvc_lock, remote_url, parent_run_id, tracking_uri)
 
 
+def _read(path: str, option: str) -> str:
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{option} {path}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+
+
 def cli_stage(args: argparse.Namespace) -> int:
     """`grpoflow stage NAME --commit SHA ...`: run one stage here; prints its result as JSON."""
     result = run_in_working_copy(
-        args.name, args.commit, Path(args.params_file).read_text(),
-        Path(args.lock_file).read_text() if args.lock_file else "", args.remote, args.parent_run_id,
+        args.name, args.commit, _read(args.params_file, "--params-file"),
+        _read(args.lock_file, "--lock-file") if args.lock_file else "", args.remote, args.parent_run_id,
         args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", ""), workdir=args.workdir, keep=args.keep,
     )
     print(json.dumps(result, indent=2, sort_keys=True))

@@ -93,6 +93,7 @@ class Lease:
     def __init__(self, client, lock: str, purpose: str, ttl_s: float, heartbeat_s: float):
         self.client, self.lock, self.ttl_s, self.heartbeat_s = client, lock, ttl_s, heartbeat_s
         self.description = f"{holder()}: {purpose}"
+        self._sent = time.monotonic()  # local time no later than the server's stamp: for this ticket's own TTL
         mv = client.create_model_version(
             lock, source=TICKET_SOURCE + lock, description=self.description, await_creation_for=0,
             tags={HOLDER_TAG: holder(), PURPOSE_TAG: purpose, TTL_TAG: str(ttl_s)},
@@ -112,14 +113,17 @@ class Lease:
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             try:
-                before = time.monotonic()
+                sent = time.monotonic()
                 mv = self.client.update_model_version(self.lock, str(self.ticket), description=self.description)
-                self._beat = (int(mv.last_updated_timestamp), before)
+                # The server stamped it between `sent` and now: local time after the answer (as in __init__)
+                # keeps the estimate of the server's clock from running ahead of it; the time before the
+                # request keeps this process from thinking its ticket alive longer than the others do.
+                self._beat, self._sent = (int(mv.last_updated_timestamp), time.monotonic()), sent
             except Exception as exc:  # the server said the ticket is gone, or did not answer this time
                 if _missing(exc):
                     self._lost = "its ticket was deleted as dead (this process stalled past the lease's TTL)"
                     return
-            if time.monotonic() - self._beat[1] > self.ttl_s:
+            if time.monotonic() - self._sent > self.ttl_s:
                 self._lost = f"no heartbeat reached the server for {self.ttl_s:.0f} s"
                 return
 
@@ -136,9 +140,14 @@ class Lease:
             raise RegistryError(f"{self.lock}: this process lost the registry lease: {self._lost}; nothing more "
                                 "was written. Run the command again")
 
-    def release(self) -> None:
+    def release(self, server_gone: bool = False) -> None:
+        """Delete this ticket. The heartbeat thread is not waited for (a daemon; a beat after the
+        delete finds the ticket gone). With `server_gone` (the block failed because the tracking
+        server stopped answering) no call is made: the ticket expires after its TTL, and the
+        command ends within one call's budget instead of three."""
         self._stop.set()
-        self._thread.join(timeout=self.heartbeat_s + 5)
+        if server_gone:
+            return
         with contextlib.suppress(Exception):  # gone already: deleted as dead by a waiter
             self.client.delete_model_version(self.lock, str(self.ticket))
 
@@ -187,5 +196,9 @@ def registry_lease(client, name: str, purpose: str, *, wait_s: float = WAIT_S, t
     try:
         lease.wait(wait_s)
         yield lease
-    finally:
-        lease.release()
+    except BaseException as exc:
+        from pipelines.execution.services import unavailable
+
+        lease.release(server_gone=unavailable(exc) is not None)
+        raise
+    lease.release()

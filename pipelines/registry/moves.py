@@ -17,6 +17,7 @@ import time
 
 from components.common.errors import RegistryError
 from components.common.params import Params
+from components.common.params_rules import check_model_name
 from pipelines.registry.lease import Lease, registry_lease
 from pipelines.registry.register import (
     CHAMPION,
@@ -74,6 +75,16 @@ def move_champion(client, lease: Lease, name: str, expected: str | None, to: str
     client.set_registered_model_alias(name, CHAMPION, to)
 
 
+def unmoved(name: str, read: str | None, now: str | None, command: str) -> None:
+    """RegistryError when the champion read before taking the lease is no longer champion in this
+    process's turn: the user asked about the one they saw; nothing is moved or written."""
+    if read != now:
+        was, is_ = (f"v{x}" if x else "no version" for x in (read, now))
+        raise RegistryError(
+            f"{name}: the champion moved from {was} to {is_} while `{command}` waited for the registry "
+            f"lease; nothing moved. Check the champion, then run the command again if it still applies")
+
+
 def write_decision(client, lease: Lease, decision: Decision, move_alias: bool, run_id: str | None = None) -> None:
     """Numbers and reason, then the alias (if `move_alias`), then the decision tag (the commit marker)."""
     name, version = decision.name, decision.version
@@ -107,8 +118,11 @@ def as_decided(client, mv) -> str:
 
 def force_promote(params: Params, name: str, version: str, reason: str) -> Decision:
     """Put `champion` on a version by hand; the reason and who did it are tagged."""
-    client = client_for(params)
+    check_model_name(name, "the model name")
     version = str(version)
+    if not version.isdecimal():
+        raise RegistryError(f"{name}: version {version!r} is not a version number (1, 2, …)")
+    client = client_for(params)
 
     def champion_now() -> str | None:
         champion = alias_version(client, name, CHAMPION)
@@ -117,9 +131,10 @@ def force_promote(params: Params, name: str, version: str, reason: str) -> Decis
         return champion.version if champion else None
 
     model_version(client, name, version)  # before taking the lease: a mistake fails at once, touching nothing
-    champion_now()
+    read = champion_now()
     with registry_lease(client, name, f"grpoflow promote v{version}") as lease:
         before = champion_now()  # again, in this process's turn
+        unmoved(name, read, before, f"grpoflow promote {name} {version}")
         decision = Decision(name, version, "forced", f"forced by {getpass.getuser()}: {reason}", before)
         write_decision(client, lease, decision, move_alias=True)
     return decision
@@ -145,10 +160,12 @@ def _rollback_target(client, name: str) -> tuple[str, str]:
 
 def rollback(params: Params, name: str) -> Decision:
     """Move `champion` back to the version it replaced (its `promotion.previous_champion` tag)."""
+    check_model_name(name, "the model name")
     client = client_for(params)
-    _rollback_target(client, name)  # before taking the lease: a mistake fails at once, touching nothing
+    read, _ = _rollback_target(client, name)  # before taking the lease: a mistake fails at once, touching nothing
     with registry_lease(client, name, "grpoflow rollback") as lease:
         champion, previous = _rollback_target(client, name)  # again, in this process's turn
+        unmoved(name, read, champion, f"grpoflow rollback {name}")
         move_champion(client, lease, name, champion, previous, "rolling back")
         user = getpass.getuser()
         client.set_model_version_tag(name, champion, ROLLBACK_REASON_TAG, f"rolled back by {user} to v{previous}")

@@ -191,12 +191,20 @@ def find_version(client, name: str, lock_md5: str):
 
 
 def alias_version(client, name: str, alias: str):
+    """The version `alias` points at, or None when the model or the alias does not exist. Any other
+    error (a server error, a timeout) propagates: read as "no champion" it would let a gate set the
+    alias over the real champion."""
     from mlflow.exceptions import MlflowException
 
     try:
         mv = client.get_model_version_by_alias(name, alias)
-    except MlflowException:
-        return None
+    except MlflowException as exc:
+        code = str(exc.error_code)
+        # MLflow's SQL and file stores answer INVALID_PARAMETER_VALUE "Registered model alias X not found."
+        if "RESOURCE_DOES_NOT_EXIST" in code or (
+                "INVALID_PARAMETER_VALUE" in code and f"alias {alias} not found" in str(exc)):
+            return None
+        raise
     # MLflow 3 returns the version as an int here and as a str elsewhere.
     return SimpleNamespace(version=str(mv.version), tags=dict(mv.tags), run_id=mv.run_id)
 
