@@ -607,11 +607,12 @@ def test_a_champion_that_moves_during_a_re_evaluation_is_re_evaluated_in_its_tur
 
 
 @pytest.mark.parametrize("command", ["rollback", "promote"])
-def test_a_champion_moved_before_the_lease_is_taken_stops_rollback_and_promote_writing_nothing(repo, monkeypatch,
-                                                                                                 command):
-    """The user read v2 as champion and asked to roll it back (or to force v1 over it); another
-    process promoted v3 before this one took the registry lease. Nothing moves, nothing is written,
-    and the one line names both versions."""
+def test_a_champion_moved_before_the_lease_stops_a_rollback_and_a_forced_promotion_records_the_new_one(
+        repo, monkeypatch, command):
+    """The user read v2 as champion and asked to roll it back (or to force v1); another process
+    promoted v3 before this one took the registry lease. The rollback moves nothing, writes nothing,
+    and its one line names both versions. The forced promotion, which names its version rather than
+    the champion it undoes, goes ahead and records v3, the champion of its turn, as the one replaced."""
     from pipelines.registry import moves
 
     params = load_params()
@@ -631,9 +632,14 @@ def test_a_champion_moved_before_the_lease_is_taken_stops_rollback_and_promote_w
         return real(client, name, purpose, **kw)
 
     monkeypatch.setattr(moves, "registry_lease", lease_after_another_promotion)
+    if command == "promote":
+        decision = force_promote(params, "grpoflow-policy", "1", "hand-checked")
+        assert moved and (decision.decision, decision.champion_before) == ("forced", "3")
+        assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "1"
+        assert client.get_model_version("grpoflow-policy", "1").tags["promotion.previous_champion"] == "3"
+        return
     with pytest.raises(RegistryError) as err:
-        rollback(params, "grpoflow-policy") if command == "rollback" else force_promote(
-            params, "grpoflow-policy", "1", "hand-checked")
+        rollback(params, "grpoflow-policy")
     assert moved and str(err.value).startswith("grpoflow-policy: the champion moved from v2 to v3 while `grpoflow ")
     assert "nothing moved" in str(err.value) and "\n" not in str(err.value)
     assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "3"

@@ -131,10 +131,11 @@ def force_promote(params: Params, name: str, version: str, reason: str) -> Decis
         return champion.version if champion else None
 
     model_version(client, name, version)  # before taking the lease: a mistake fails at once, touching nothing
-    read = champion_now()
+    champion_now()
     with registry_lease(client, name, f"grpoflow promote v{version}") as lease:
-        before = champion_now()  # again, in this process's turn
-        unmoved(name, read, before, f"grpoflow promote {name} {version}")
+        # A forced promotion names its version, not the champion it replaces: it goes ahead over the
+        # champion of its turn, which it records (a rollback, which undoes a champion, refuses instead).
+        before = champion_now()
         decision = Decision(name, version, "forced", f"forced by {getpass.getuser()}: {reason}", before)
         write_decision(client, lease, decision, move_alias=True)
     return decision

@@ -49,7 +49,7 @@ SCENARIOS = [
     ([40], ["gate"] * 6 + ["force", "rollback"]),                    # v1 champion
     ([30, 50], ["gate"] * 5 + ["rollback"] * 3),                     # v2 champion, it replaced v1
 ]
-ROLLBACK_REFUSALS = ("has no champion alias", "replaced no earlier champion")
+ROLLBACK_REFUSALS = ("has no champion alias", "replaced no earlier champion", "the champion moved from")
 
 
 def items_line(i: int, k: int) -> str:
