@@ -6,9 +6,13 @@ modes, answer comparison (numbers, fractions, LaTeX via math-verify) and its tim
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +28,8 @@ from components.problems.gsm8k import (
     normalize_number,
     render_prompt,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 CURTIS = (
     "Mr. Curtis has 325 chickens on his farm where 28 are roosters and the rest are hens. Twenty hens "
@@ -210,7 +216,6 @@ def test_gold_is_read_from_the_final_line_of_an_answer(answer, expected):
         ("50%", "50", True),
         ("A: 277", "277", True),
         ("18 or 19", "18", False),  # a hedge is not an answer
-        ("2 + 2", "4", False),
         ("3/0", "3", False),
         ("", "18", False),
         (None, "18", False),
@@ -223,13 +228,27 @@ def test_answers_match_as_numbers_fractions_and_latex_but_a_hedge_does_not(pred,
 
 @pytest.mark.parametrize(
     "pred, gold, ok",
-    [("\\sqrt{4}", "2", True), ("2^{3}", "8", True), ("3 \\times 4", "12", True), ("\\sqrt{5}", "2", False)],
+    [("\\sqrt{4}", "2", True), ("2^{3}", "8", True), ("3 \\times 4", "12", True), ("\\sqrt{5}", "2", False),
+     ("2 + 2", "4", True), ("2 + 2", "5", False)],
 )
 def test_answers_match_through_math_verify(pred, gold, ok, monkeypatch):
     # Equivalence, not speed, is tested here: a generous budget keeps a busy machine from
     # turning a slow comparison into a wrong one.
     monkeypatch.setattr(answers, "MATH_VERIFY_BUDGET_S", 5.0)
     assert answers_match(pred, gold) is ok
+
+
+def test_an_arithmetic_answer_is_judged_the_same_on_its_first_comparison_in_a_process():
+    """The reward of an answer does not depend on what was compared before it: each common form's first
+    comparison in a fresh process, under the real 20 ms budget, gives what a later one gives. (The first
+    `2 + 2` once spent 31 ms building sympy's addition and read as wrong; a repeat read as right.)"""
+    pairs = [("2 + 2", "4"), ("12 - 2 * 3", "6"), ("3 * 4", "12"), ("(1 + 2) * 3", "9"), ("2^3", "8"), ("2 + 2", "5")]
+    code = ("import json, sys; from components.problems.answers import answers_match as m; "
+            f"print(json.dumps([[m(p, g), m(p, g)] for p, g in {pairs!r}]))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    first_and_second = json.loads(proc.stdout)
+    assert first_and_second == [[True, True]] * 5 + [[False, False]]
 
 
 def test_numbers_with_thousands_of_digits_compare_without_error():
