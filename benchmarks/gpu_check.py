@@ -55,7 +55,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks.grpo_gain import OFFLINE_ENV  # noqa: E402
 from benchmarks.grpo_step import build_trainer  # noqa: E402
-from benchmarks.phase_report import Check, OutOfTime, Tee, error_line, out_of_time, rounded  # noqa: E402
+from benchmarks.phase_report import Check, OutOfTime, Tee, error_line, rounded  # noqa: E402
 from benchmarks.step_clock import PARTS, StepClock, bench_args, step_flops  # noqa: E402
 
 log = logging.getLogger("grpoflow.gpu_check")
@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet_known_warnings()  # as the training stages do
     check = Check(out, args.budget, report, START)
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    signal.signal(signal.SIGALRM, out_of_time)
+    signal.signal(signal.SIGALRM, check.alarm)
     signal.setitimer(signal.ITIMER_REAL, max(args.budget - (time.monotonic() - START), 1.0))
     try:
         os.chdir(work)  # the stages' relative paths (data/, models/) land in the work folder

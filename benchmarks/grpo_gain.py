@@ -33,15 +33,8 @@ prompt) and compares them on the same items (exact McNemar test). Prints one JSO
                                                            speed, greedy; paired GRPO - continued
                                                            (--no-control: off)
 
-Per band (`evaluate.target_band`, components/problems/bands.py), greedy flexible accuracy on the same items:
-  target      the target band's problems (every problem without a target band): n,
-              sft_accuracy_flexible, grpo_accuracy_flexible, control_accuracy_flexible, delta, ci95,
-              p_value (exact McNemar, GRPO - SFT), delta_vs_control, p_vs_control (GRPO - control)
-  in_band     the same numbers for every problem outside the target band, together
-  bands       the same numbers per number of reasoning steps
-  checked     inside each of them: the same numbers (`*_accuracy_checked`, delta, ci95, p_value, ...) on
-              the right answers whose shown equations all hold (components/problems/arithmetic.py): a
-              gain made of lucky answers after wrong arithmetic rises in flexible accuracy, not here
+Per band (`evaluate.target_band`): `target`, `in_band`, `bands`, each with its `checked` numbers, as
+benchmarks/gain_report.py describes them.
 
 With `--seeds 1234,2024,7` the whole recipe runs once per data seed (each its own test split) and
 the JSON is `{"seeds": [one object as above per seed], "pooled": {target, in_band, bands, and
@@ -76,6 +69,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.gain_report import CONTINUED, band_report, item_rows, pooled, reports, rescore  # noqa: E402
+
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -85,6 +80,17 @@ OFFLINE_ENV = {
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }
+
+
+def kept_workdir(parser: argparse.ArgumentParser, keep: str | None, prefix: str) -> Path:
+    """The run's folder: `--keep DIR` when it is missing or empty (the run writes params.yaml, data/,
+    models/ and mlflow.db there, so never into a folder holding files it did not make), else a new
+    temporary folder (removed afterwards by the caller)."""
+    if keep and Path(keep).exists() and (not Path(keep).is_dir() or any(Path(keep).iterdir())):
+        parser.error(f"--keep {keep} is not empty; give a new folder")
+    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    return work
 
 
 def run_stage(workdir: Path, module: str, overrides: list[str], env: dict[str, str],
@@ -111,9 +117,6 @@ def run_stage(workdir: Path, module: str, overrides: list[str], env: dict[str, s
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     print(f"{label}: {module} took {wall:.0f} s (CPU {cpu:.0f} s)", file=sys.stderr)
     return wall, cpu
-
-
-CONTINUED = "sft_continued"  # the control's model folder and report names (models/, reports/train/)
 
 
 def selection_backend(stage_stdout: str) -> str:
@@ -196,13 +199,6 @@ def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, con
     return out
 
 
-def reports(workdir: Path, overrides: list[str]):
-    """The params of the runs in `workdir` (paths of the stage reports)."""
-    from pipelines.params.config import load_params
-
-    return load_params(workdir / "params.yaml", overrides)
-
-
 def continue_sft(workdir: Path, overrides: list[str], env: dict[str, str], rl_seconds: float) -> dict:
     """The same-compute control: models/sft trained further with the SFT recipe (the same
     demonstrations, train.jsonl, never the answer-only problems; the lr schedule restarted over the
@@ -231,84 +227,6 @@ def zero_std(workdir: Path, overrides: list[str]) -> dict:
     """GRPO's mean frac_reward_zero_std over its logs (the signal monitor's summary in its report)."""
     report = json.loads((workdir / reports(workdir, overrides).grpo.metrics_file).read_text())
     return {"frac_reward_zero_std": report.get("frac_reward_zero_std_mean")}
-
-
-def item_rows(items: dict[str, list[dict]]) -> list[dict]:
-    """One row per test item: its `steps` and each model's flexible verdict (`grpo`, `sft`, and
-    `control` when the continued-SFT control ran), paired by id."""
-    by_id = {name: {i["id"]: i for i in rows} for name, rows in items.items()}
-    names = {key: name for key, name in {"grpo": "grpo", "sft": "sft", "control": CONTINUED}.items() if name in by_id}
-    # `<key>_checked` too (right with no wrong equation) where every items file has the column
-    columns = {"": "correct_flexible"}
-    if all("correct_checked" in i for group in items.values() for i in group):
-        columns["_checked"] = "correct_checked"
-    return [{"steps": i.get("steps"), **{key + suffix: by_id[name][i["id"]][column]
-                                         for key, name in names.items() for suffix, column in columns.items()}}
-            for i in items["grpo"] if all(i["id"] in by_id[name] for name in by_id)]
-
-
-def slice_numbers(rows: list[dict]) -> dict:
-    """GRPO - SFT (and GRPO - control) greedy flexible accuracy on `rows`, exact McNemar p-values.
-
-    >>> r = slice_numbers([{"grpo": True, "sft": False, "control": False}] * 6 + [{"grpo": True, "sft": True, "control": True}] * 4)
-    >>> r["n"], r["delta"], round(r["p_value"], 4), r["delta_vs_control"]
-    (10, 0.6, 0.0312, 0.6)
-    >>> rows = [{"grpo": True, "sft": False, "grpo_checked": False, "sft_checked": False}] * 6
-    >>> r = slice_numbers(rows)["checked"]
-    >>> r["grpo_accuracy_checked"], r["delta"], r["p_value"]
-    (0.0, 0.0, 1.0)
-    """
-    from components.evaluation.stats import compare_paired
-
-    res = compare_paired([r["grpo"] for r in rows], [r["sft"] for r in rows])
-    out = {"n": res["n"], "sft_accuracy_flexible": res["accuracy_b"], "grpo_accuracy_flexible": res["accuracy_a"]}
-    if rows and all("control" in r for r in rows):
-        ctl = compare_paired([r["grpo"] for r in rows], [r["control"] for r in rows])
-        out["control_accuracy_flexible"] = ctl["accuracy_b"]
-    out.update(delta=res["delta"], ci95=res["ci95"], p_value=res["p_value"])
-    if "control_accuracy_flexible" in out:
-        out.update(delta_vs_control=ctl["delta"], p_vs_control=ctl["p_value"])
-    if rows and all("grpo_checked" in r and "sft_checked" in r for r in rows):
-        # the same on the right answers whose shown equations all hold: a gain from guesses has none here
-        checked = slice_numbers([{key: r[f"{key}_checked"] for key in ("grpo", "sft", "control") if f"{key}_checked" in r}
-                                 for r in rows])
-        out["checked"] = {k.replace("_flexible", "_checked"): v for k, v in checked.items() if k != "n"}
-    return out
-
-
-def band_report(rows: list[dict], target_band: str) -> dict:
-    """`target` (the evaluate.target_band problems; every problem without one), `in_band` (every other
-    problem together) and `bands` (per step count), each with `slice_numbers`.
-
-    >>> rows = [{"steps": 1, "grpo": True, "sft": True}] * 4 + [{"steps": 3, "grpo": True, "sft": False}] * 2
-    >>> r = band_report(rows, "3")
-    >>> r["target"]["n"], r["target"]["delta"], r["in_band"]["delta"], sorted(r["bands"])
-    (2, 1.0, 0.0, ['1', '3'])
-    """
-    from components.problems.bands import by_steps, parse_band, split_items
-
-    band = parse_band(target_band)
-    target, rest = split_items(rows, band) if band else (rows, [])
-    out = {"target_band": target_band or "all", "target": slice_numbers(target)}
-    if rest:
-        out["in_band"] = slice_numbers(rest)
-    out["bands"] = {key: slice_numbers(group) for key, group in by_steps(rows).items()}
-    return out
-
-
-def pooled(per_seed: list[list[dict]], target_band: str) -> dict:
-    """The band report over every seed's paired items (each seed has its own test split, so the items
-    are distinct), with the exact McNemar p-values; the old top-level keys are the target band's.
-
-    >>> r = pooled([[{"steps": 3, "grpo": True, "sft": False}] * 6 + [{"steps": 3, "grpo": True, "sft": True}] * 4,
-    ...             [{"steps": 3, "grpo": False, "sft": False}] * 10], "3")
-    >>> r["n"], r["delta"], round(r["p_value"], 4), r["target"]["n"]
-    (20, 0.3, 0.0312, 20)
-    """
-    report = band_report([row for rows in per_seed for row in rows], target_band)
-    t = report["target"]
-    return {**{k: t[k] for k in ("delta", "ci95", "p_value", "n", "sft_accuracy_flexible", "grpo_accuracy_flexible")},
-            **report}
 
 
 def run_recipe(workdir: Path, overrides: list[str], args: argparse.Namespace) -> dict:
@@ -355,34 +273,6 @@ def run_recipe(workdir: Path, overrides: list[str], args: argparse.Namespace) ->
     return result
 
 
-def rescore(folders: list[Path], grpo_items: str = "grpo", overrides: list[str] | None = None) -> dict:
-    """The band report of kept runs (`--keep DIR`: DIR or DIR/seed-S) with today's scorer: every kept
-    greedy completion in `items/` judged again (components/evaluation/scoring.py judge), so a metric
-    added since (`checked`) is reported for runs made before it. Pooled when there are several. The
-    target band is the folder's params.yaml with `overrides` (the -S the runs were made with)."""
-    from components.evaluation.scoring import judge
-
-    runs, per_seed = [], []
-    for folder in folders:
-        items = {}
-        for name, stem in (("grpo", grpo_items), ("sft", "sft"), (CONTINUED, CONTINUED)):
-            path = folder / "items" / f"{stem}.jsonl"
-            if not path.is_file():
-                if name == CONTINUED:
-                    continue
-                raise SystemExit(f"grpo_gain --rescore: {path} not found (a folder kept with --keep holds items/)")
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            items[name] = [{**row, **judge(row["completion"], row["gold"], "grpoflow")} for row in rows]
-        band = reports(folder, overrides or []).evaluate.target_band
-        rows = item_rows(items)
-        runs.append({"folder": str(folder), **band_report(rows, band)})
-        per_seed.append(rows)
-    result: dict = {"seeds": runs}
-    if len(runs) > 1:
-        result["pooled"] = pooled(per_seed, runs[0]["target_band"] if runs[0]["target_band"] != "all" else "")
-    return result
-
-
 def seed_list(text: str) -> list[int]:
     try:
         seeds = [int(x) for x in text.split(",") if x.strip()]
@@ -403,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECTION.KEY=VALUE",
         help="override a param for every stage (repeatable)",
     )
-    parser.add_argument("--keep", metavar="DIR", help="work in DIR (kept) instead of a temporary folder")
+    parser.add_argument("--keep", metavar="DIR", help="work in DIR (new or empty; kept) instead of a temporary folder")
     parser.add_argument(
         "--seeds", type=seed_list, metavar="S1,S2,...",
         help="run the whole recipe once per data seed (data.seed=S, each in its own folder) and print "
@@ -437,8 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds and any(o.split("=", 1)[0].strip() == "data.seed" for o in args.overrides):
         parser.error("--seeds sets data.seed for each run: drop -S data.seed=...")
 
-    workdir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="grpo-gain-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = kept_workdir(parser, args.keep, "grpo-gain-")
     try:
         if not args.seeds:
             result = run_recipe(workdir, args.overrides, args)

@@ -66,7 +66,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -76,7 +75,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.grpo_gain import OFFLINE_ENV, run_stage  # noqa: E402 (the same environment and stage runner)
+from benchmarks.grpo_gain import OFFLINE_ENV, kept_workdir, run_stage  # noqa: E402 (the same environment and stage runner)
 from benchmarks.step_clock import PARTS, StepClock, bench_args, step_flops, throughput  # noqa: E402
 
 # What --compare puts side by side (overrides on top of the preset): the GRPO path of
@@ -252,14 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after-first", action="store_true",
                         help="with --compare, run the new path first (the machine's other load then falls on the other)")
     parser.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE", help="a params override")
-    parser.add_argument("--keep", default=None, help="build the workspace in this (new) folder and keep it")
+    parser.add_argument("--keep", default=None, help="build the workspace in this folder (new or empty) and keep it")
     args = parser.parse_args(argv)
 
     from pipelines.params import presets
 
     base = [*(presets.overrides(args.preset) if args.preset else []), "data.synthetic_test_size=20", *args.set]
-    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="grpo-step-"))
-    root.mkdir(parents=True, exist_ok=True)
+    root = kept_workdir(parser, args.keep, "grpo-step-")
     os.environ.update(OFFLINE_ENV)
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}

@@ -4,7 +4,7 @@
                      runs work(*args) as a phase: its result (status ok, failed with the error line,
                      stopped when the budget ran out, or skipped) and its seconds and peak memory go
                      into where[name], and the report is written to out/gpu_check.json after each
-    out_of_time      the SIGALRM handler that stops the running phase at the budget (OutOfTime)
+    Check.alarm      the SIGALRM handler that stops the running phase at the budget (OutOfTime)
     Tee              a stream that also writes into the log file
 """
 
@@ -19,17 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.grpo_step import figure
+from components.common.files import write_text
 
 log = logging.getLogger("grpoflow.gpu_check")
 
 
 class OutOfTime(BaseException):  # noqa: N818 (not an error: a BaseException, so no `except Exception` in a library swallows it)
     """The time budget ran out (SIGALRM) during a phase."""
-
-
-def out_of_time(signum: int, frame: Any) -> None:
-    """SIGALRM's handler: the budget is spent, the running phase stops."""
-    raise OutOfTime()
 
 
 def error_line(exc: BaseException) -> str:
@@ -74,11 +70,16 @@ class Check:
         self.out, self.budget, self.report, self.start = out, budget, report, start
         self.out_of_time = False
 
+    def alarm(self, signum: int, frame: Any) -> None:
+        """SIGALRM's handler: the budget is spent, the running phase stops. The flag comes first: where
+        Python ignores the exception (raised inside a `__del__` or a gc callback), the phase runs on to its
+        end, and the phases after it are still skipped."""
+        self.out_of_time = True
+        raise OutOfTime()
+
     def write(self) -> None:
         self.report["elapsed_seconds"] = round(time.monotonic() - self.start, 1)
-        tmp = self.out / "gpu_check.json.tmp"
-        tmp.write_text(json.dumps(rounded(self.report), indent=2) + "\n")
-        tmp.replace(self.out / "gpu_check.json")
+        write_text(self.out / "gpu_check.json", json.dumps(rounded(self.report), indent=2) + "\n")  # whole, atomic
 
     def phase(self, where: dict[str, Any], name: str, work, *args: Any, needs: str = "") -> bool:
         """Run `work(*args)` as phase `name`, its result in where[name], unless the budget is spent or
@@ -99,6 +100,8 @@ class Check:
             except Exception as exc:  # recorded, and the next phase runs
                 log.exception("phase %s failed", name)
                 result = {"status": "failed", "error": error_line(exc)}
+            if result["status"] == "ok" and self.out_of_time:  # the alarm's exception was ignored
+                result["note"] = f"finished after the time budget of {self.budget:.0f} s ran out"
             where[name] = {**result, "seconds": round(time.monotonic() - start, 1), **memory()}
             log.info("phase %s: %s in %.0f s", name, result["status"], where[name]["seconds"])
         self.write()

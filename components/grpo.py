@@ -233,7 +233,8 @@ def dev_split(problems: list[dict[str, Any]], size: int, target_band: str) -> li
 
 def trainer_settings(params: Params) -> tuple[Any, Any]:
     """(trl.GRPOConfig, peft.LoraConfig or None) from the params; a wrong key or value is a ConfigError
-    naming it. `grpoflow run` calls it before anything runs, the stage before it loads anything."""
+    naming it. The stage calls it before it loads anything; `grpoflow run -S ...` before it writes
+    the overrides into params.yaml (a rejected value leaves the file as it was)."""
     from trl import GRPOConfig as TRLGRPOConfig
 
     from components.training import finetune
@@ -298,8 +299,8 @@ def run(params: Params) -> Path:
     from components.problems.sources import read_split
     from components.training import signal_monitor
     from components.training.dev_accuracy import dev_callback
-    from components.training.rewards import build_rewards
     from components.training.job import TrainingJob, train_stage
+    from components.training.rewards import build_rewards
 
     cfg = params.grpo
     settings = trainer_settings(params)  # fails before any data or model is loaded

@@ -6,8 +6,8 @@ model folder, `sft.metrics_file` (default `reports/train/sft.json`) and the per-
 `sft.history_file` (`reports/train/sft_history.csv`, plotted by `dvc plots show`). Each demonstration is the rendered prompt
 (components.problems.gsm8k.render_prompt) followed by `<reasoning>solution</reasoning><answer>gold</answer>`
 and eos. Like SFT data pooled from real sources, a share of the demonstrations is noisy on
-purpose (`sft.demo_untagged_rate`, `sft.demo_wrong_rate`; see the README's Training section):
-that is what GRPO's rule-based rewards then repair.
+purpose (`sft.demo_untagged_rate`, `sft.demo_wrong_rate`; docs/training.md, "Noisy demonstrations,
+on request"): that is what GRPO's rule-based rewards then repair.
 
 SFT to its plateau: `sft.dev_size` demonstrations (the last rows of train.jsonl) are held out
 as a dev split; every `sft.dev_every` steps the model answers them greedily and `dev_accuracy`
@@ -113,7 +113,8 @@ def fingerprint_settings(params: Params) -> dict[str, Any]:
 
 def trainer_settings(params: Params) -> tuple[Any, Any]:
     """(trl.SFTConfig, peft.LoraConfig or None) from the params; a wrong key or value is a ConfigError
-    naming it. `grpoflow run` calls it before anything runs, the stage before it loads anything."""
+    naming it. The stage calls it before it loads anything; `grpoflow run -S ...` before it writes
+    the overrides into params.yaml (a rejected value leaves the file as it was)."""
     from trl import SFTConfig as TRLSFTConfig
 
     from components.training import finetune

@@ -15,7 +15,8 @@ Each subcommand's handler lives with its concern (`pipelines/<concern>/<module>.
 Errors are one line on stderr, never a traceback (components/common/entry.py one_line_errors, around every
 subcommand): exit code 2 for input to fix (components/common/errors.py), 1 for a service that does not answer
 or a stage/DVC/MLflow failure, 3 for a checkout held by another run. A tracking server that does not
-answer is found before any work starts.
+answer is found before any work starts; one that stops answering later ends the command within
+GRPOFLOW_SERVICE_TIMEOUT_S (default 30 s) with one line naming it (pipelines/execution/services.py).
 
 Start-up stays fast: this module imports only the standard library; each subcommand
 imports its heavy machinery (torch, mlflow, prefect) when it runs.
@@ -128,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remote", required=True, metavar="URL", help="the shared DVC remote (s3://..., gs://..., a folder)")
     p.add_argument("--parent-run-id", required=True, help="the pipeline's MLflow parent run")
     p.add_argument("--tracking-uri", default=None, help="MLflow server (default: MLFLOW_TRACKING_URI)")
-    p.add_argument("--workdir", default=None, metavar="DIR", help="working copy (default: a new temporary folder)")
+    p.add_argument("--workdir", default=None, metavar="DIR",
+                   help="where the working copy goes: a missing folder (made, removed afterwards) or an empty one "
+                   "(emptied afterwards, never removed); default: a new temporary folder")
     p.add_argument("--keep", action="store_true", help="keep the working copy afterwards")
     p.set_defaults(handler="pipelines.execution.stage:cli_stage")
 
@@ -180,7 +183,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ui", help="serve the MLflow UI on 127.0.0.1")
     p.add_argument("--port", type=int, default=5000, help="port (default 5000)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="bind address (default 127.0.0.1); any other than loopback needs --app-name")
+    p.add_argument("--app-name", default=None, metavar="APP",
+                   help="MLflow's authentication app, e.g. basic-auth (`mlflow server --app-name`; required for a "
+                   "--host other than loopback)")
     _add_params(p)
     p.set_defaults(handler="pipelines.flow.ui:cli_ui")
     return parser
@@ -190,8 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module, func = args.handler.split(":")
     from components.common.entry import one_line_errors  # after parsing: `--help` stays stdlib-only
+    from pipelines.execution import services
 
-    return one_line_errors(lambda: getattr(importlib.import_module(module), func)(args))
+    def command() -> int | None:
+        services.service_env_defaults()  # MLflow gives up on a server that does not answer within the budget
+        return services.one_line_service_errors(lambda: getattr(importlib.import_module(module), func)(args))
+
+    return one_line_errors(command)
 
 
 def entry() -> None:

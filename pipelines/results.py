@@ -8,7 +8,7 @@
     Registration  the model version the register task made or found (pipelines/registry/register.py)
     NotRegistered the register task's explicit skipped result, with the reason
     Decision      the promotion gate's decision, or a manual `grpoflow promote` / `rollback`
-                  (pipelines/registry/promotion.py)
+                  (pipelines/registry/promotion.py, moves.py)
 
 A failed stage crosses as its error (dvc_ops.StageFailed), whose message `failure_message` writes:
 the stage's own error line first (`stage_error`), then the exit code and the output's last lines.
@@ -54,7 +54,7 @@ class NotRegistered:
 
 # What a decision can be: the gate's two outcomes, `grpoflow promote` and `grpoflow rollback`. A run
 # that registers nothing new reports the version's recorded decision (its `promotion.decision` tag).
-DecisionKind = Literal["promoted", "rejected", "forced", "rollback"]
+DecisionKind = Literal["promoted", "rejected", "superseded", "forced", "rollback"]
 
 
 @dataclass

@@ -26,7 +26,7 @@ def test_help_imports_no_heavy_module():
 @pytest.mark.parametrize(
     "command", ["run", "evaluate", "grade", "promote", "rollback", "deploy", "schedule", "serve", "reproduce", "ui"]
 )
-def test_subcommand_help(command):
+def test_each_subcommand_answers_help_under_its_own_name(command):
     out = subprocess.run(
         [sys.executable, "-m", "pipelines.cli", command, "--help"], cwd=REPO, capture_output=True, text=True
     )

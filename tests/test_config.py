@@ -120,7 +120,7 @@ def test_overrides_are_yaml_typed():
     assert parse_override("rewards.weights=[1, 0.5]") == ("rewards", "weights", [1, 0.5])
 
 
-def test_unknown_key_in_file(tmp_path):
+def test_an_unknown_key_or_section_in_the_params_file_is_named(tmp_path):
     p = tmp_path / "params.yaml"
     p.write_text("data:\n  sed: 1\n")
     with pytest.raises(ConfigError, match=r"data\.sed: unknown key"):

@@ -152,7 +152,7 @@ def test_missing_file_is_named(tmp_path):
         write_splits(cfg(tmp_path, train_source=f"jsonl:{tmp_path / 'nope.jsonl'}"))
 
 
-def test_hf_source_from_a_local_dataset(tmp_path):
+def test_an_hf_source_reads_a_saved_dataset_and_a_folder_of_files(tmp_path):
     import datasets
 
     dd = datasets.DatasetDict(

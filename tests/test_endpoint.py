@@ -162,7 +162,7 @@ def test_unreachable_endpoint_fails_naming_the_url(problems, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_endpoint_model_choice(problems):
+def test_connect_takes_the_named_or_the_only_served_model(problems):
     _, rows = problems
     with StubOpenAI({}, models=("a", "b")) as stub:
         with pytest.raises(BackendError, match="serves 2 models .*evaluate.endpoint_model"):

@@ -19,7 +19,7 @@ import pytest
 
 from components import evaluate
 from components.common.errors import BackendError, DataError
-from components.evaluation import lm_eval_gsm8k, metrics, scoring
+from components.evaluation import generation, lm_eval_gsm8k, metrics, scoring
 from components.problems.sources import load_problems
 from pipelines import cli
 from pipelines.params.config import DataParams, ModelParams, load_params
@@ -142,15 +142,16 @@ def test_lm_eval_prompt_is_the_harness_text_and_sampler():
         (" 3 - 10 = -7\n#### -7", "-7", True, True),
     ],
 )
-def test_lm_eval_scoring_table(completion, gold, strict_ok, flexible_ok):
+def test_lm_eval_scoring_compares_strings_strict_and_flexible_as_the_harness_does(completion, gold, strict_ok, flexible_ok):
     row = scoring.score_item({"id": "x", "gold": gold}, completion, 5, "lm-eval-gsm8k")
     assert row["correct"] is strict_ok
     assert row["correct_flexible"] is flexible_ok
 
 
-def test_lm_eval_stop_sequences():
-    assert lm_eval_gsm8k.cut_at_stop(" 4\n#### 4\n\nQuestion: what") == " 4\n#### 4\n\n"
-    assert lm_eval_gsm8k.cut_at_stop(" 4<|im_end|>junk") == " 4"
+def test_lm_eval_completions_are_cut_before_the_first_stop_sequence():
+    stops = lm_eval_gsm8k.STOP_SEQUENCES
+    assert generation.cut_at_stop(" 4\n#### 4\n\nQuestion: what", stops) == " 4\n#### 4\n\n"
+    assert generation.cut_at_stop(" 4<|im_end|>junk", stops) == " 4"
     assert lm_eval_gsm8k.STOP_SEQUENCES == ("Question:", "</s>", "<|im_end|>")
 
 
@@ -227,7 +228,7 @@ def test_cli_on_model_folder_writes_reports_and_logs_to_mlflow(workspace, tmp_pa
     assert {"eval/sft.json", "eval/sft.items.jsonl", "eval/sft_items_table.json"} <= artifacts
 
 
-def test_cli_lm_eval_protocol(workspace, tmp_path, capsys):
+def test_cli_lm_eval_protocol_scores_few_shot_prompts_keeping_their_last_tokens(workspace, tmp_path, capsys):
     out = tmp_path / "lm"
     args = [
         "evaluate",

@@ -51,7 +51,7 @@ def test_wilson_matches_newcombe_table(k, n, expected):
         (0, 1, 1.0),
     ],
 )
-def test_mcnemar_exact_known_values(b, c, expected):
+def test_mcnemar_exact_gives_the_published_p_values_either_way_round(b, c, expected):
     assert mcnemar_exact(b, c) == pytest.approx(expected, abs=5e-7)
     assert mcnemar_exact(c, b) == mcnemar_exact(b, c)
 
@@ -73,7 +73,7 @@ def test_paired_interval_matches_fagerland_cavo_example():
     assert (round(lo, 4), round(hi, 4)) == (-0.1186, -0.0046)
 
 
-def test_z_value_and_bad_input():
+def test_z_value_is_the_normal_quantile_and_bad_counts_are_rejected():
     assert z_value(0.95) == pytest.approx(1.959964, abs=1e-6)
     with pytest.raises(ValueError):
         wilson_interval(5, 3)
@@ -97,7 +97,7 @@ def test_compare_paired_on_hand_made_items():
 
 
 @given(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=60))
-def test_paired_interval_properties(pairs):
+def test_paired_interval_holds_the_delta_and_flips_with_the_order(pairs):
     a = [x for x, _ in pairs]
     b = [y for _, y in pairs]
     r = compare_paired(a, b)
@@ -125,7 +125,7 @@ def test_pass_at_k_is_the_share_of_k_subsets_with_a_correct_sample(nck):
     assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 
 
-def test_pass_at_k_known_values_and_bad_input():
+def test_pass_at_k_matches_known_values_and_rejects_bad_counts():
     # HumanEval's numbers in Chen et al. use n = 200; pass@1 is then c / n.
     assert pass_at_k(200, 57, 1) == pytest.approx(57 / 200)
     assert pass_at_k(8, 8, 8) == 1.0 and pass_at_k(8, 0, 1) == 0.0

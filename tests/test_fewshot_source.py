@@ -55,7 +55,7 @@ RULES = [
 
 
 @pytest.mark.parametrize("explicit,data,expected,rule", RULES)
-def test_fewshot_source_rules(layout, explicit, data, expected, rule):
+def test_fewshot_source_is_chosen_by_its_rule_or_refused_in_one_line(layout, explicit, data, expected, rule):
     t = str(layout)
     explicit, data = explicit.format(t=t), data.format(t=t)
     if expected is None:

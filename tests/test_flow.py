@@ -140,7 +140,7 @@ def test_transient_dvc_lock_contention_is_retried(toy, monkeypatch):
     assert out.getvalue().count("Running stage 'prepare'") == 1  # the command itself ran once
 
 
-def test_training_flow_end_to_end(toy):
+def test_the_flow_runs_skips_reruns_what_changed_and_stops_on_a_failing_stage(toy):
     import mlflow
 
     # Run 1: everything runs, v1 is registered and becomes champion.

@@ -45,7 +45,7 @@ def one_line_error(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_builtin_names_and_specs():
+def test_gguf_sources_are_the_builtin_names_and_gguf_paths():
     assert gguf_import.is_gguf_source("smollm2-135m-instruct")
     assert gguf_import.is_gguf_source("gguf:/x/y.gguf")
     assert not gguf_import.is_gguf_source("Qwen/Qwen2.5-0.5B-Instruct")

@@ -214,7 +214,7 @@ def test_grade_round_trip_keeps_fields_and_prints_the_wilson_interval(tmp_path, 
         ("flexible", "297 - 20 = 277\nA: 277", "277", "277", True),
     ],
 )
-def test_grade_modes(tmp_path, mode, text, gold, extracted, correct):
+def test_grade_extracts_and_checks_the_answer_in_the_mode_asked(tmp_path, mode, text, gold, extracted, correct):
     code, graded = grade(tmp_path, [{"completion": text, "gold": gold}], mode)
     assert code == 0
     assert (graded[0]["extracted"], graded[0]["correct"]) == (extracted, correct)
@@ -265,7 +265,7 @@ def test_every_malformed_row_is_listed_and_invalid_utf8_is_one(tmp_path, capsys)
     assert not (tmp_path / "o.jsonl").exists()
 
 
-def test_missing_or_empty_input(tmp_path, capsys):
+def test_grade_on_a_missing_or_empty_input_fails_in_one_line(tmp_path, capsys):
     assert cli(["grade", "--input", str(tmp_path / "nope.jsonl"), "--output", str(tmp_path / "o.jsonl")]) == 2
     assert "nope.jsonl: file not found" in capsys.readouterr().err
     empty = write_jsonl(tmp_path / "empty.jsonl", ["", "  "])

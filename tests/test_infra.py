@@ -99,7 +99,7 @@ def dockerignored(path: str) -> bool:
     return any(fnmatch.fnmatch(prefix, pat.rstrip("/")) for pat in patterns for prefix in prefixes)
 
 
-def test_dockerfile_targets_user_entrypoint_and_install_order():
+def test_dockerfile_builds_a_non_root_pipeline_image_with_torch_installed_first():
     stages = dockerfile_stages()
     assert {"cpu-deps", "gpu-deps", "pipeline", "tracking"} <= set(stages), sorted(stages)
     assert list(stages)[-1] == "pipeline", "a plain `docker build` must build the pipeline image"
@@ -203,7 +203,7 @@ def compose_vars(text: str) -> set[str]:
     return set(re.findall(r"(?<!\$)\$\{([A-Z_][A-Z0-9_]*)", text))
 
 
-def test_compose_services_health_ports_and_secrets():
+def test_compose_services_are_health_checked_bound_locally_and_secrets_come_from_env():
     text = (INFRA / "compose.yaml").read_text()
     compose = yaml.safe_load(text)
     services = compose["services"]
@@ -558,10 +558,24 @@ def test_ddp_config_launches_two_processes(tmp_path):
     assert lines == ["rank=0 world=2 sum=3.0", "rank=1 world=2 sum=3.0"], res.stdout
 
 
+@pytest.mark.parametrize("name", ["zero2", "zero3"])
+def test_accelerate_reads_every_key_of_the_zero_configs(name):
+    """`accelerate env --config_file` loads the config as `accelerate launch` does and prints what it
+    read: every key of the file with its value, DeepSpeed at the file's ZeRO stage. (The DDP config is
+    read by the real two-process launch above.)"""
+    path = f"infra/accelerate/{name}.yaml"
+    res = run([str(BIN / "accelerate"), "env", "--config_file", path])
+    assert res.returncode == 0, res.stderr[-2000:]
+    printed = dict(re.findall(r"^\s+- (\w+): (.*)$", res.stdout.split("config passed:", 1)[-1], re.M))
+    written = yaml.safe_load((REPO / path).read_text())
+    assert {k: printed.get(k) for k in written} == {k: str(v) for k, v in written.items()}
+    assert printed["distributed_type"] == "DEEPSPEED"
+    assert f"'zero_stage': {ACCELERATE_CONFIGS[name]}" in printed["deepspeed_config"]
+
+
 def test_scale_out_entry_points_answer_help():
-    """The launchers the scale-out section and the configs name."""
+    """The launchers the scale-out section names."""
     for cmd in (
-        ["accelerate", "launch", "--config_file", "infra/accelerate/zero3.yaml", "--help"],
         ["prefect", "work-pool", "create", "--help"],
         ["prefect", "deploy", "--help"],
         ["dvc", "remote", "add", "--help"],

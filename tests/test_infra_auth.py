@@ -80,3 +80,30 @@ def test_anonymous_clients_are_turned_away_and_the_pipeline_logs_in(mlflow_with_
     monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD")
     with pytest.raises(Exception, match="401|Unauthorized|credentials"):
         mlflow.MlflowClient().get_model_version_by_alias("grpoflow-policy", "champion")
+
+
+def test_grpoflow_ui_on_the_network_runs_the_basic_auth_app(tmp_path):
+    """`grpoflow ui --host 0.0.0.0 --app-name basic-auth`: anonymous requests get 401, the admin's get through."""
+    import base64
+
+    ini = (REPO / "infra" / "mlflow-auth.ini").read_text().replace("/home/mlflow/auth", str(tmp_path))
+    (tmp_path / "auth.ini").write_text(ini)
+    (tmp_path / "params.yaml").write_text("")
+    env = {"PATH": str(Path(sys.executable).parent), "HOME": str(tmp_path), "MLFLOW_DISABLE_TELEMETRY": "true",
+           "PYTHONPATH": str(REPO), "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "auth.ini"),
+           "MLFLOW_AUTH_ADMIN_USERNAME": ADMIN, "MLFLOW_AUTH_ADMIN_PASSWORD": PASSWORD,
+           "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-secret-key"}
+
+    def cmd(port: int) -> list[str]:
+        return [sys.executable, "-m", "pipelines.cli", "ui", "--host", "0.0.0.0", "--port", str(port), "--app-name",
+                "basic-auth", "-S", f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"]
+
+    with served(cmd, "/health", tmp_path / "ui.log", env=env, cwd=tmp_path, timeout=180) as server:
+        search = f"{server.url}/api/2.0/mlflow/experiments/search?max_results=1"
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(search, timeout=10)
+        assert denied.value.code == 401
+        login = base64.b64encode(f"{ADMIN}:{PASSWORD}".encode()).decode()
+        request = urllib.request.Request(search, headers={"Authorization": f"Basic {login}"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            assert resp.status == 200

@@ -78,7 +78,7 @@ def test_tiny_model_is_identical_for_the_same_seed(train_file, tmp_path):
     assert (a / "tokenizer.json").read_bytes() == (c / "tokenizer.json").read_bytes()  # data, not seed
 
 
-def test_save_load_round_trip(tiny, tmp_path):
+def test_a_saved_model_loads_back_with_the_same_logits_and_tokenizer(tiny, tmp_path):
     import torch
 
     model, tok = tiny
@@ -102,7 +102,7 @@ def test_missing_model_folder_names_the_stage(tmp_path):
 # --------------------------------------------------------------------------- SFT demonstrations
 
 
-def test_untagged_and_wrong_demonstrations():
+def test_a_noisy_demonstration_drops_the_tags_or_ends_on_an_earlier_result():
     assert untagged_target("3 + 4 = 7", "7") == "3 + 4 = 7\n#### 7"
     rng = random.Random(0)
     solution = "Ann has 3 + 4 = 7 pens.\nAnn has 7 * 2 = 14 pens."
@@ -112,7 +112,7 @@ def test_untagged_and_wrong_demonstrations():
 
 
 @pytest.mark.parametrize("untagged,wrong", [(0.0, 0.0), (0.5, 0.0), (0.3, 0.4), (1.0, 1.0)])
-def test_demo_noise_rates(train_file, untagged, wrong):
+def test_demonstrations_are_untagged_and_wrong_at_the_asked_rates_and_seeded(train_file, untagged, wrong):
     from components.common.params import SFTParams
 
     rows = read_split(train_file) * 10
@@ -136,7 +136,7 @@ def test_demo_noise_rates(train_file, untagged, wrong):
 # --------------------------------------------------------------------------- params -> TRL
 
 
-def test_trl_args_from_params():
+def test_trl_configs_are_built_from_the_params_and_reject_unknown_keys():
     from trl import GRPOConfig, SFTConfig
 
     params = load_params(REPO / "params.yaml")
@@ -206,19 +206,27 @@ def _checkpoint(d: Path, step: int, complete: bool = True) -> None:
         (c / "trainer_state.json").write_text("{}")
 
 
-def test_training_on_a_cpu_prints_none_of_the_known_harmless_warnings(tiny):
+def test_training_on_a_cpu_prints_none_of_the_known_harmless_warnings(tiny, train_file):
     """No pinned memory without an accelerator (torch's DataLoader would warn each epoch), and TRL's
     read of the deprecated `is_gradient_checkpointing` before each GRPO generation is silenced by its
-    exact message; another FutureWarning still shows."""
+    exact message; the training split logged as the run's dataset declares its integer column
+    (`steps`) as a double, so MLflow's "Inferred schema contains integer column(s)" hint is not
+    printed (it was, once per stage); another FutureWarning still shows."""
     import warnings
 
+    import mlflow
     import torch
     from trl import SFTConfig
     from trl.models.utils import disable_gradient_checkpointing
 
+    from components.common.tracking import log_datasets
+
     args = finetune.build_trl_args(SFTConfig, "sft", {"max_steps": 1}, output_dir="x")
     assert args.dataloader_pin_memory is False  # CPU
     model, _ = tiny
+    assert isinstance(read_split(train_file)[0]["steps"], int)
+    client = mlflow.MlflowClient()
+    run_id = client.create_run(client.create_experiment("polish")).info.run_id
 
     def warned(quiet: bool) -> list[str]:
         with warnings.catch_warnings(record=True) as caught:
@@ -228,6 +236,7 @@ def test_training_on_a_cpu_prints_none_of_the_known_harmless_warnings(tiny):
             list(torch.utils.data.DataLoader(list(range(4)), batch_size=2, pin_memory=args.dataloader_pin_memory))
             with disable_gradient_checkpointing(model):  # what TRL runs before generating
                 pass
+            log_datasets(run_id, {"train": (train_file, "training")})  # what the stage's MLflow run logs
             warnings.warn("some other deprecation", FutureWarning, stacklevel=2)
         return [str(w.message) for w in caught]
 
@@ -235,7 +244,7 @@ def test_training_on_a_cpu_prints_none_of_the_known_harmless_warnings(tiny):
     assert warned(quiet=True) == ["some other deprecation"]
 
 
-def test_resume_point(tmp_path, caplog):
+def test_resume_is_from_the_newest_complete_checkpoint_and_other_settings_start_over(tmp_path, caplog):
     d = tmp_path / "ckpt"
     assert finetune.resume_point(d, "fp1", True, "grpo") is None and d.is_dir()
     _checkpoint(d, 2)

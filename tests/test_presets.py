@@ -97,7 +97,7 @@ def test_set_param_given_with_a_preset_wins(tmp_path):
     assert load_params(params_file, root=tmp_path).sft.trainer["max_steps"] == 4
 
 
-def test_unknown_or_malformed_preset(tmp_path):
+def test_an_unknown_or_malformed_preset_fails_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="no such preset; known: llama3.2-1b-16gb, qwen2.5-0.5b-gpu"):
         presets.overrides("qwen-7b")
     (tmp_path / "bad.yaml").write_text("params: [1, 2]\n")

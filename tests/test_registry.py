@@ -8,6 +8,7 @@ explicit pip requirements), the paired promotion gate, forced promotion and roll
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ from components.common.errors import InputError, RegistryError
 from components.common.tracking import configure
 from components.evaluation.reports import read_items
 from pipelines.params.config import load_params
-from pipelines.registry.promotion import compare_with_champion, force_promote, gate, rollback
+from pipelines.registry.moves import force_promote, rollback
+from pipelines.registry.promotion import compare_with_champion, gate
 from pipelines.registry.register import CHALLENGER, CHAMPION, DECISION_TAG, PREVIOUS_TAG, register
 from tests.toy_repo import make_tiny_model
 
@@ -59,6 +61,24 @@ def new_run(params) -> str:
 
 def lineage(md5: str) -> dict[str, str]:
     return {"lineage.dvc_lock_md5": md5, "lineage.git_commit": "abc123", "lineage.git_dirty": "false"}
+
+
+def registered(params, repo: Path, right: int, md5: str, gated: bool = False):
+    """A new version whose first `right` of 100 items are correct (items written as the evaluate
+    stage does, then registered); gated when asked."""
+    write_eval(repo, [i < right for i in range(100)])
+    reg = register(params, lineage(md5 * 32), new_run(params), repo)
+    if gated:
+        gate(params, reg, repo)
+    return reg
+
+
+def registry(params):
+    """The MLflow client of `params`' store (mlflow's URI is process-global: set before the client)."""
+    import mlflow
+
+    configure(params)
+    return mlflow.MlflowClient()
 
 
 def test_register_is_idempotent_loads_back_and_first_version_becomes_champion(repo):
@@ -143,15 +163,10 @@ def test_gate_rejects_no_better_challenger_and_promotes_a_better_one(repo):
 
 def test_interrupted_gate_is_completed_by_the_next_run(repo):
     """A crash after the alias moved but before the decision tag: the next gate finishes the job."""
-    import mlflow
-
     params = load_params()
-    configure(params)
-    client = mlflow.MlflowClient()
-    write_eval(repo, [i < 40 for i in range(100)])
-    gate(params, register(params, lineage("5" * 32), new_run(params), repo), repo)
-    write_eval(repo, [i < 80 for i in range(100)])
-    reg = register(params, lineage("6" * 32), new_run(params), repo)
+    client = registry(params)
+    registered(params, repo, 40, "5", gated=True)
+    reg = registered(params, repo, 80, "6")
     # What _write_decision leaves behind if the process dies just before its last write:
     client.set_model_version_tag("grpoflow-policy", reg.version, "promotion.reason", "better: promoted")
     client.set_registered_model_alias("grpoflow-policy", CHAMPION, reg.version)
@@ -173,7 +188,7 @@ def test_interrupted_gate_is_completed_by_the_next_run(repo):
         ([False] * 100, [True] * 10 + [False] * 90, 0.05, 0.0, False),  # worse, even though p small
     ],
 )
-def test_gate_rule(chal, champ, alpha, min_delta, expected):
+def test_gate_promotes_only_a_significant_gain_of_at_least_min_delta(chal, champ, alpha, min_delta, expected):
     ok, numbers = compare_with_champion(
         {str(i): c for i, c in enumerate(chal)}, {str(i): c for i, c in enumerate(champ)}, alpha, min_delta
     )
@@ -209,8 +224,8 @@ def test_gate_needs_min_items_shared():
 
 
 def test_alias_moves_only_if_the_champion_is_unchanged(repo, monkeypatch):
-    """Two gates at once: if another promotion lands between reading the champion and moving the
-    alias, this one aborts instead of overwriting it."""
+    """grpoflow's own moves wait for the registry lease; a move by hand (the MLflow UI or API, which
+    take no lease) that lands while the gate compares makes the gate stop instead of overwriting it."""
     import mlflow
 
     from pipelines.registry import promotion
@@ -224,14 +239,15 @@ def test_alias_moves_only_if_the_champion_is_unchanged(repo, monkeypatch):
     register(params, lineage("8" * 32), new_run(params), repo)  # v2, not gated yet
     write_eval(repo, [i < 90 for i in range(100)])
     v3 = register(params, lineage("9" * 32), new_run(params), repo)
-    real_download = promotion._download_items
+    real_items = promotion.registered_items
 
-    def download_while_someone_promotes(uri):
-        force_promote(params, "grpoflow-policy", "2", "a colleague, meanwhile")
-        return real_download(uri)
+    def items_while_someone_moves_the_alias_by_hand(name, version, tags):
+        if version == "1":
+            client.set_registered_model_alias("grpoflow-policy", CHAMPION, "2")
+        return real_items(name, version, tags)
 
-    monkeypatch.setattr(promotion, "_download_items", download_while_someone_promotes)
-    with pytest.raises(RegistryError, match=r"champion moved from v1 to v2 .*not promoted"):
+    monkeypatch.setattr(promotion, "registered_items", items_while_someone_moves_the_alias_by_hand)
+    with pytest.raises(RegistryError, match=r"champion moved from v1 to v2 outside grpoflow's registry lease"):
         gate(params, v3, repo)
     assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "2"
     assert DECISION_TAG not in client.get_model_version("grpoflow-policy", "3").tags  # the next run decides
@@ -326,7 +342,7 @@ def test_gate_on_flexible_names_items_without_the_column(repo):
     write_eval(repo, [i < 40 for i in range(100)])  # items without correct_flexible
     gate(params, register(params, lineage("a" * 32), new_run(params), repo), repo)
     write_eval(repo, [i < 80 for i in range(100)])
-    with pytest.raises(InputError, match=r"grpo.items.jsonl: item q0 has no boolean 'correct_flexible'"):
+    with pytest.raises(InputError, match=r"grpoflow-policy v2 items \S+/grpo.items.jsonl: item q0 has no boolean 'correct_flexible'"):
         gate(params, register(params, lineage("b" * 32), new_run(params), repo), repo)
 
 
@@ -336,12 +352,11 @@ def test_the_decision_kinds_are_the_ones_produced():
     import ast
     import typing
 
-    from pipelines.registry import promotion
+    from pipelines.registry import moves, promotion
     from pipelines.results import DecisionKind
 
-    tree = ast.parse(Path(promotion.__file__).read_text())
     produced = set()
-    for node in ast.walk(tree):
+    for node in (n for m in (promotion, moves) for n in ast.walk(ast.parse(Path(m.__file__).read_text()))):
         if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Decision" and len(node.args) >= 3:
             produced |= {n.value for n in ast.walk(node.args[2]) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert produced == set(typing.get_args(DecisionKind))
@@ -410,3 +425,246 @@ def test_an_adapter_version_stores_the_adapter_and_loads_where_no_base_is(repo, 
         f"models:/grpoflow-policy/{reg.version}", return_type="components", base_model_path=str(cache / "bases" / sha)
     )
     assert type(components["model"]).__name__ == "PeftModelForCausalLM"
+
+
+# --------------------------------------------------------------------------- bad registry input
+
+
+def gate_exit(params, reg, root, capsys) -> tuple[int, list[str]]:
+    """The gate as a command runs it (one_line_errors): its exit code and its `error:` lines."""
+    from components.common.entry import one_line_errors
+
+    code = one_line_errors(lambda: gate(params, reg, root) and 0)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, [line for line in err.splitlines() if line.startswith("error: ")]
+
+
+def artifact_file(uri: str) -> Path:
+    from urllib.parse import urlparse
+
+    return Path(urlparse(uri).path)
+
+
+def promotion_tags(client, version: str) -> list[str]:
+    return [k for k in client.get_model_version("grpoflow-policy", version).tags if k.startswith("promotion.")]
+
+
+def test_the_gate_decides_on_the_registered_items_not_the_checkouts_copy(repo):
+    """A stale or edited local items file, or none at all, changes nothing: the gate reads the items
+    registered with each version, checked against the hash recorded at registration."""
+    params = load_params()
+    client = registry(params)
+    registered(params, repo, 40, "c", gated=True)
+    v2 = registered(params, repo, 80, "d")
+    write_eval(repo, [False] * 100)  # the checkout's copy edited after registration
+    assert gate(params, v2, repo).decision == "promoted"
+    v3 = registered(params, repo, 95, "e")
+    (repo / "reports" / "eval" / "grpo.items.jsonl").unlink()  # and gone
+    decided = gate(params, v3, repo)
+    assert decided.decision == "promoted" and decided.numbers["items_checked"] is True
+    tags = client.get_model_version("grpoflow-policy", "3").tags
+    assert len(tags["eval.items_sha256"]) == 64 and tags["promotion.items_checked"] == "true"
+
+
+def test_registered_items_changed_or_gone_stop_the_gate_in_one_line_writing_nothing(repo, capsys):
+    params = load_params()
+    client = registry(params)
+    registered(params, repo, 40, "c", gated=True)  # v1 champion
+    v2 = registered(params, repo, 80, "d")
+    ours = artifact_file(client.get_model_version("grpoflow-policy", "2").tags["eval.items_uri"])
+    theirs = artifact_file(client.get_model_version("grpoflow-policy", "1").tags["eval.items_uri"])
+    kept = ours.read_text()
+
+    ours.write_text(kept.replace('"correct": false', '"correct": true'))  # changed after registration
+    code, lines = gate_exit(params, v2, repo, capsys)
+    assert code == 2 and len(lines) == 1 and "grpoflow-policy v2: its evaluation items" in lines[0]
+    assert "recorded at registration (eval.items_sha256): they changed since" in lines[0]
+    ours.unlink()  # gone
+    code, lines = gate_exit(params, v2, repo, capsys)
+    assert code == 2 and len(lines) == 1 and re.search(r"v2: its evaluation items \S+ \(eval.items_uri\) cannot be "
+                                                       r"read .*; restore that artifact", lines[0]), lines
+    ours.write_text(kept)
+    uri = client.get_model_version("grpoflow-policy", "2").tags["eval.items_uri"]
+    client.delete_model_version_tag("grpoflow-policy", "2", "eval.items_uri")  # not registered by grpoflow run
+    code, lines = gate_exit(params, v2, repo, capsys)
+    assert code == 2 and len(lines) == 1 and "grpoflow-policy v2 has no eval.items_uri tag" in lines[0]
+    client.set_model_version_tag("grpoflow-policy", "2", "eval.items_uri", uri)
+    theirs.write_text(theirs.read_text() + "\n")  # the champion's changed
+    code, lines = gate_exit(params, v2, repo, capsys)
+    assert code == 2 and len(lines) == 1 and "grpoflow-policy v1: its evaluation items" in lines[0]
+    assert promotion_tags(client, "2") == []  # nothing written
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "1"
+
+    # A champion registered before the hash was recorded: compared unchecked, and the gate says so.
+    theirs.write_text(theirs.read_text()[:-1])
+    client.delete_model_version_tag("grpoflow-policy", "1", "eval.items_sha256")
+    decided = gate(params, v2, repo)
+    assert decided.decision == "promoted" and decided.numbers["items_checked"] is False
+    assert ("promotion: grpoflow-policy v1 was registered before grpoflow recorded its items' hash "
+            "(eval.items_sha256); its items") in capsys.readouterr().out
+
+
+def test_gating_a_version_not_in_the_registry_is_one_line_exit_2(repo, capsys):
+    from pipelines.results import Registration
+
+    params = load_params()
+    code, lines = gate_exit(params, Registration("grpoflow-policy", "99", created=False), repo, capsys)
+    assert code == 2 and len(lines) == 1 and "grpoflow-policy version 99 does not exist in sqlite:" in lines[0]
+
+
+def test_rollback_to_a_deleted_version_moves_nothing_and_writes_nothing(repo):
+    import subprocess
+    import sys
+
+    params = load_params()
+    client = registry(params)
+    registered(params, repo, 40, "c", gated=True)
+    registered(params, repo, 80, "d", gated=True)  # v2 replaced v1
+    client.delete_model_version("grpoflow-policy", "1")
+    proc = subprocess.run([sys.executable, "-m", "pipelines.cli", "rollback", "grpoflow-policy"], cwd=repo,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: grpoflow-policy v2 replaced v1, which is no longer in the registry (deleted); nothing moved. "
+        "Put champion on a version by hand: grpoflow promote grpoflow-policy VERSION --reason TEXT"]
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "2"
+    assert not [k for k in client.get_model_version("grpoflow-policy", "2").tags if k.startswith("rollback.")]
+
+
+def test_the_next_gate_repairs_the_tags_an_older_race_left(repo):
+    """Before the registry lease, two gates could both tag their versions promoted over one champion
+    while the alias ended on one of them. The next gate, of a decided version or of a new one, gives
+    the other its decision: superseded, naming the winner and its run."""
+    params = load_params()
+    client = registry(params)
+    regs = [registered(params, repo, right, md5) for right, md5 in ((40, "1"), (50, "2"), (60, "3"), (70, "4"), (90, "5"))]
+
+    def left_by_a_race(version: str, previous: str | None, run: str) -> None:
+        for key, value in {"promotion.decision": "promoted", "promotion.reason": f"gate of v{version}",
+                           "promotion.decided_by_run": run, "promotion.decided_at": "2026-11-30 10:00 UTC",
+                           **({"promotion.previous_champion": previous} if previous else {})}.items():
+            client.set_model_version_tag("grpoflow-policy", version, key, value)
+        client.set_registered_model_alias("grpoflow-policy", CHAMPION, version)
+
+    left_by_a_race("1", None, "run-a")
+    left_by_a_race("2", None, "run-b")  # both over no champion; the alias ended on v2
+    decided = gate(params, regs[1], repo)  # the next run of v2's checkout: nothing new to decide
+    assert decided.decision == "promoted"
+    tags = client.get_model_version("grpoflow-policy", "1").tags
+    assert tags[DECISION_TAG] == "superseded" and tags["promotion.gate_reason"] == "gate of v1"
+    assert tags["promotion.reason"] == ("superseded: v2 was promoted first, by run run-b; an older race left v1 tagged "
+                                        "promoted over no champion as well (repaired by the gate of v2)")
+
+    left_by_a_race("3", "2", "run-c")
+    left_by_a_race("4", "2", "run-d")  # both over v2; the alias ended on v4
+    decision = gate(params, regs[4], repo)  # a new version's gate
+    assert decision.decision == "promoted" and decision.champion_before == "4"
+    assert client.get_model_version("grpoflow-policy", "3").tags["promotion.reason"].startswith(
+        "superseded: v4 was promoted first, by run run-d; an older race left v3 tagged promoted over v2 as well")
+    assert client.get_model_version("grpoflow-policy", "2").tags[DECISION_TAG] == "promoted"  # replaced, not a stray
+
+
+def test_a_champion_that_moves_during_a_re_evaluation_is_re_evaluated_in_its_turn(repo, monkeypatch):
+    """A re-evaluation runs outside the registry lease. When another process moves the champion
+    meanwhile (here `grpoflow promote`, from inside the stand-in for the evaluation, which the
+    re-evaluation test above runs for real), the gate re-evaluates the new champion and decides
+    against it; after three such moves it records superseded, naming the winner."""
+    from pipelines.registry import promotion
+
+    params = load_params()
+    client = registry(params)
+    for right, md5 in ((40, "1"), (45, "2"), (50, "3"), (55, "4")):
+        registered(params, repo, right, md5)
+    gate(params, promotion.Registration("grpoflow-policy", "1", created=False), repo)  # v1 champion
+
+    def challenger(md5: str):  # evaluated on other items: every champion is re-evaluated on its items
+        reg = registered(params, repo, 90, md5)
+        client.set_model_version_tag("grpoflow-policy", reg.version, "eval.test_sha256", md5 * 64)
+        return reg
+
+    evaluated, moves = [], []
+
+    def evaluate_while_the_champion_moves(params, name, version, root, test_sha256):
+        evaluated.append(version)
+        if moves:
+            force_promote(params, name, moves.pop(0), "meanwhile, from another checkout")
+        return {f"q{i}": {"id": f"q{i}", "correct": i < 40} for i in range(100)}
+
+    monkeypatch.setattr(promotion, "reevaluate", evaluate_while_the_champion_moves)
+    moves[:] = ["2"]
+    decision = gate(params, challenger("a"), repo)
+    assert evaluated == ["1", "2"] and decision.champion_before == "2" and decision.decision == "promoted"
+
+    evaluated.clear()
+    moves[:] = ["3", "4", "2"]
+    decision = gate(params, challenger("b"), repo)
+    assert evaluated == ["5", "3", "4"] and decision.decision == "superseded"
+    assert decision.reason.startswith("superseded: v2 was promoted first, by hand, while this gate re-evaluated "
+                                      "v5, v3, v4; v6 was not compared with it")
+    assert client.get_model_version("grpoflow-policy", "6").tags[DECISION_TAG] == "superseded"
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "2"
+
+
+@pytest.mark.parametrize("command", ["rollback", "promote"])
+def test_a_champion_moved_before_the_lease_stops_a_rollback_and_a_forced_promotion_records_the_new_one(
+        repo, monkeypatch, command):
+    """The user read v2 as champion and asked to roll it back (or to force v1); another process
+    promoted v3 before this one took the registry lease. The rollback moves nothing, writes nothing,
+    and its one line names both versions. The forced promotion, which names its version rather than
+    the champion it undoes, goes ahead and records v3, the champion of its turn, as the one replaced."""
+    from pipelines.registry import moves
+
+    params = load_params()
+    client = registry(params)
+    for right, md5 in ((40, "1"), (60, "2")):
+        registered(params, repo, right, md5, gated=True)  # v2 replaced v1
+    registered(params, repo, 10, "3")
+    real, moved = moves.registry_lease, []
+
+    def tags():
+        return {v: client.get_model_version("grpoflow-policy", v).tags for v in "123"}
+
+    def lease_after_another_promotion(client, name, purpose, **kw):
+        if not moved and purpose in ("grpoflow rollback", "grpoflow promote v1"):
+            force_promote(params, name, "3", "from another checkout")
+            moved.append(tags())
+        return real(client, name, purpose, **kw)
+
+    monkeypatch.setattr(moves, "registry_lease", lease_after_another_promotion)
+    if command == "promote":
+        decision = force_promote(params, "grpoflow-policy", "1", "hand-checked")
+        assert moved and (decision.decision, decision.champion_before) == ("forced", "3")
+        assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "1"
+        assert client.get_model_version("grpoflow-policy", "1").tags["promotion.previous_champion"] == "3"
+        return
+    with pytest.raises(RegistryError) as err:
+        rollback(params, "grpoflow-policy")
+    assert moved and str(err.value).startswith("grpoflow-policy: the champion moved from v2 to v3 while `grpoflow ")
+    assert "nothing moved" in str(err.value) and "\n" not in str(err.value)
+    assert str(client.get_model_version_by_alias("grpoflow-policy", CHAMPION).version) == "3"
+    assert tags() == moved[0]
+
+
+def test_only_a_missing_model_or_alias_reads_as_no_champion_other_registry_errors_propagate(repo):
+    """A store that fails (here its aliases table is gone: MLflow answers TEMPORARILY_UNAVAILABLE,
+    as for a server error) must not read as "no champion yet", or a gate would set the alias over
+    the real champion."""
+    import sqlite3
+
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from pipelines.registry.register import alias_version
+
+    params = load_params()
+    client = registry(params)
+    assert alias_version(client, "grpoflow-policy", CHAMPION) is None  # no model yet
+    registered(params, repo, 40, "1")
+    assert alias_version(client, "grpoflow-policy", CHAMPION) is None  # a model, no champion
+    assert alias_version(client, "grpoflow-policy", CHALLENGER).version == "1"
+    db = mlflow.get_tracking_uri().removeprefix("sqlite:///")
+    with sqlite3.connect(db) as con:
+        con.execute("DROP TABLE registered_model_aliases")
+    with pytest.raises(MlflowException, match="registered_model_aliases"):
+        alias_version(client, "grpoflow-policy", CHAMPION)

@@ -66,7 +66,7 @@ TABLE = [
 
 @pytest.mark.parametrize("as_chat", [False, True], ids=["string", "chat"])
 @pytest.mark.parametrize("completion, fmt, soft, acc, combined, tags, flex", TABLE)
-def test_reward_table(completion, fmt, soft, acc, combined, tags, flex, as_chat):
+def test_each_reward_scores_the_table_of_completions_as_strings_and_as_chat(completion, fmt, soft, acc, combined, tags, flex, as_chat):
     c = [chat(completion) if as_chat else completion]
     gold = ["277"]
     assert format_reward(c, gold=gold) == [fmt]
@@ -96,7 +96,7 @@ def test_missing_gold_gives_none_and_a_missing_column_is_a_clear_error():
         accuracy_reward([RIGHT], answer=["#### 277"])
 
 
-def test_chat_content_parts_and_odd_completion_objects():
+def test_rewards_read_chat_content_parts_and_score_odd_objects_zero():
     parts = [{"role": "assistant", "content": [{"type": "text", "text": RIGHT}]}]
     assert seed_combined_reward([parts], gold=["277"]) == [1.0]
     odd = [None, 42, [], [None], {"content": None}, [{"role": "assistant"}], b"<answer>277</answer>"]
@@ -107,7 +107,7 @@ def test_chat_content_parts_and_odd_completion_objects():
 # --------------------------------------------------------------------------- registry and params
 
 
-def test_registry_names_and_trl_visible_function_names():
+def test_rewards_are_registered_by_name_and_trl_sees_their_function_names():
     assert list(REWARD_FUNCS) == ["format", "soft_format", "accuracy", "seed_combined", "tag_count",
                                   "flexible_accuracy"]
     assert [f.__name__ for f in get_reward_funcs(list(REWARD_FUNCS))] == [

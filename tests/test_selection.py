@@ -73,7 +73,7 @@ def test_a_model_that_solves_nothing_stops_the_stage_with_the_counts(workspace, 
     assert not (workspace / "data/selected").exists()
 
 
-def test_kept_prompts_pass_rates_counts_and_histogram(workspace):
+def test_selection_writes_kept_prompts_pass_rates_counts_and_histogram(workspace):
     out = selection.choose_prompts(params(workspace, "selection.keep_unsolved=true", "selection.min_prompts=5", "selection.max_candidates=20"))
     rows = [json.loads(x) for x in (workspace / "data/selected/prompts.jsonl").read_text().splitlines()]
     grpo = [json.loads(x) for x in (workspace / "data/processed/grpo.jsonl").read_text().splitlines()]
@@ -112,7 +112,7 @@ def test_the_stage_logs_counts_and_the_histogram_figure_to_mlflow(workspace):
         ({"max_pass_rate": 0.5}, [0.125, 0.5, 0.75], [True, True, False]),
     ],
 )
-def test_band(settings, rates, kept):
+def test_selection_keeps_the_prompts_whose_pass_rate_is_in_the_band(settings, rates, kept):
     assert [selection.pass_rate_kept(r, SelectionParams(**settings)) for r in rates] == kept
 
 

@@ -80,7 +80,7 @@ def test_logs_without_the_signal_are_ignored():
     assert monitor.summary() == {"signal_warnings": 0}  # no mean of nothing (no NaN in the metrics file)
 
 
-def test_window_in_logs():
+def test_the_signal_window_in_logging_steps_is_at_least_one():
     assert window_logs(100, 10) == 10
     assert window_logs(100, 1) == 100
     assert window_logs(100, 250) == 1

@@ -47,7 +47,7 @@ def repo(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_flatten_nested_and_lists():
+def test_flatten_joins_nested_keys_with_dots_and_writes_lists_as_text():
     assert flatten({"a": {"b": {"c": 1}, "d": [1, 2]}, "e": {}}) == {"a.b.c": "1", "a.d": "[1, 2]", "e": "{}"}
 
 
@@ -61,7 +61,7 @@ def test_flatten_nested_and_lists():
         ("mlruns", "{root}/mlruns"),
     ],
 )
-def test_resolve_tracking_uri(repo, monkeypatch, uri, expected):
+def test_a_relative_tracking_uri_resolves_against_the_repo_root(repo, monkeypatch, uri, expected):
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     params = load_params(overrides=[f"tracking.uri={uri}"])
     root = repo_root()
@@ -79,7 +79,7 @@ def test_env_uri_wins_and_server_has_no_artifact_location(repo, monkeypatch):
     assert resolve_artifact_location(params, "sqlite:///x.db") == (repo / "mlartifacts").as_uri()
 
 
-def test_stage_sections_from_dvc_yaml(repo):
+def test_a_stages_params_sections_are_read_from_dvc_yaml(repo):
     params = load_params()
     assert stage_sections("grpo", params) == ["model", "grpo", "rewards"]
     assert stage_sections("evaluate", params) == ["evaluate"]  # not in dvc.yaml: its own section
@@ -131,6 +131,40 @@ def test_the_experiment_opens_on_its_training_runs(repo):
             client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, before)
         assert configure(params) == exp_id
         assert client.get_experiment(exp_id).tags.get(EXPERIMENT_KIND_TAG) == after
+
+
+def test_checkouts_opening_an_untagged_experiment_at_once_all_open_it(repo):
+    """Eight processes' first `configure` on an experiment created without its kind (by someone
+    else, or an older grpoflow) each set the kind: the losers of that write must not fail (MLflow's
+    store raises an IntegrityError for the second insert of one tag; tests/slow/test_registry_race.py
+    met it)."""
+    import threading
+
+    import mlflow
+
+    from components.common.tracking import EXPERIMENT_KIND_TAG, configure
+
+    client = mlflow.MlflowClient(resolve_tracking_uri(load_params()))
+    errors = []
+    for attempt in range(8):
+        params = load_params(overrides=[f"tracking.experiment=shared-{attempt}"])
+        exp_id = client.create_experiment(f"shared-{attempt}")
+        start = threading.Barrier(8)
+
+        def open_it(params=params, start=start):
+            start.wait()
+            try:
+                configure(params)
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {str(exc)[:120]}")
+
+        threads = [threading.Thread(target=open_it) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert client.get_experiment(exp_id).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    assert not errors, errors
 
 
 def test_stage_run_marks_failed_and_reraises(repo):
@@ -207,3 +241,40 @@ def test_summary_links_to_the_tracking_servers_own_ui():
     assert "ui: https://mlflow.example.org:5000/#/experiments/3/runs/r1" in remote and "grpoflow ui" not in remote
     local = format_run_summary(dataclasses.replace(summary, tracking_uri="sqlite:////tmp/mlflow.db"))
     assert "ui: `grpoflow ui`, then http://127.0.0.1:5000/#/experiments/3/runs/r1" in local
+
+
+GIVE_UP = """
+import time
+from pipelines.execution import services
+services.service_env_defaults()
+import mlflow
+start = time.monotonic()
+try:
+    services.one_line_service_errors(lambda: mlflow.MlflowClient().search_experiments())
+except Exception as exc:
+    print(f"{time.monotonic() - start:.1f}", type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("server", ["refuses", "never answers"])
+def test_an_mlflow_call_to_a_server_that_stopped_answering_gives_up_within_the_budget_in_one_line(server):
+    """GRPOFLOW_SERVICE_TIMEOUT_S bounds a call to a dead server (connection refused) and to a hung one
+    (the connection accepted, no answer ever): TrackingUnavailable naming it, within the budget."""
+    import socket
+
+    budget = 8
+    env = {**os.environ, "GRPOFLOW_SERVICE_TIMEOUT_S": str(budget), "PYTHONPATH": str(REPO)}
+    for key in [k for k in env if k.startswith("MLFLOW_HTTP_REQUEST_")]:
+        del env[key]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        if server == "never answers":
+            s.listen(8)  # the kernel accepts the connections; nothing reads the requests
+        uri = f"http://127.0.0.1:{s.getsockname()[1]}"
+        proc = subprocess.run([sys.executable, "-c", GIVE_UP], capture_output=True, text=True, timeout=120,
+                              env={**env, "MLFLOW_TRACKING_URI": uri})
+    seconds, kind, message = proc.stdout.strip().split(" ", 2)
+    assert kind == "TrackingUnavailable", proc.stdout + proc.stderr
+    assert float(seconds) <= budget
+    assert message.startswith(f"the MLflow tracking server at {uri} stopped answering (")
+    assert "mlflow server --port PORT" in message and "\n" not in message

@@ -8,7 +8,8 @@
       BackendError          a generation backend was asked for but cannot run here
       EvaluationError       bad input to an evaluation (data, model, settings)
       RegistryError         a registry operation cannot proceed
-      TrackingUnavailable   the MLflow tracking server does not answer (exit code 1)
+      ServiceUnavailable    a service does not answer (exit code 1): the DVC remote, or
+        TrackingUnavailable the MLflow tracking server; the message names it and how to start it
 
 Only the standard library is imported here: every module can import it.
 """
@@ -44,5 +45,10 @@ class RegistryError(GrpoflowError, RuntimeError):
     """A registry operation cannot proceed; the message says what to do."""
 
 
-class TrackingUnavailable(GrpoflowError, RuntimeError):
+class ServiceUnavailable(GrpoflowError, RuntimeError):
+    """A service grpoflow talks to (the DVC remote, the tracking server) does not answer; the message
+    names its address and how to start it."""
+
+
+class TrackingUnavailable(ServiceUnavailable):
     """The MLflow tracking server does not answer; the message names its URI and how to start one."""

@@ -36,40 +36,42 @@ _CHUNK = 1 << 20
 OUTPUT_MARKER = ".grpoflow-output"  # in every folder replace_dir writes: "this folder is ours to replace"
 
 
-def _foreign_entries(out: Path, new: Path) -> list[str]:
-    """What in the existing `out` grpoflow may not replace: nothing when `out` is empty, carries the
-    marker, or holds only names the new folder has too (e.g. a stage's files restored by `dvc pull`)."""
+def _foreign_entries(out: Path, new: Path, marker: str, stage_output: bool) -> list[str]:
+    """What in the existing `out` grpoflow may not replace: nothing when `out` is empty or carries the
+    marker; for a stage's output also when it holds only names the new folder has too (the stage's
+    declared DVC outs, restored by `dvc pull` without the marker)."""
     if not out.is_dir():
         return [out.name]  # a file where a folder should go
     names = sorted(p.name for p in out.iterdir())
-    if not names or OUTPUT_MARKER in names:
+    if not names or marker in names:
         return []
-    return [n for n in names if not (new / n).exists()]
+    return [n for n in names if not stage_output or not (new / n).exists()]
 
 
-def replace_dir(out_dir: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+def replace_dir(out_dir: str | os.PathLike, write: Callable[[Path], object], *, marker: str = OUTPUT_MARKER,
+                refusal: str = "Point the stage's output param at a folder of its own, or move those files away.",
+                ) -> Path:
     """Call `write(tmp)` on a temporary sibling folder, then move it to `out_dir`.
 
     A failure inside `write` leaves an existing `out_dir` untouched; the swap itself is two
-    renames on the same file system. An existing `out_dir` that grpoflow did not write (files it
-    would not rewrite, no marker) is never replaced: InputError, and nothing changes.
+    renames on the same file system. The new folder carries `marker`. An existing `out_dir` is
+    replaced only when it is empty or carries `marker` (a stage's output, the default marker, also
+    when it holds only the names it is rewriting: its DVC outs restored by `dvc pull`); otherwise
+    InputError (its message ends with `refusal`), and nothing changes.
     """
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         write(tmp)
-        (tmp / OUTPUT_MARKER).write_text("written by grpoflow; the stage replaces this folder on its next run\n")
+        (tmp / marker).write_text("written by grpoflow; it replaces this folder when asked to write here again\n")
         tmp.chmod(0o755)  # mkdtemp makes it private; an output folder is an ordinary folder
         old = None
         if out.exists() or out.is_symlink():
-            foreign = _foreign_entries(out, tmp)
+            foreign = _foreign_entries(out, tmp, marker, stage_output=marker == OUTPUT_MARKER)
             if foreign:
                 shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-                raise InputError(
-                    f"{out} holds files grpoflow did not write ({shown}); refusing to replace it. "
-                    "Point the stage's output param at a folder of its own, or move those files away."
-                )
+                raise InputError(f"{out} holds files grpoflow did not write ({shown}); refusing to replace it. {refusal}")
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             old.rmdir()
             os.replace(out, old)

@@ -30,6 +30,7 @@ from components.common.errors import ConfigError
 from components.common.params_rules import (
     STAGE_OWNED_TRAINER_KEYS,
     check_generation_batch,
+    check_model_name,
     check_rewards,
     check_sources,
     check_trainer_keys,
@@ -314,6 +315,9 @@ class RegisterParams:
     alpha: float = _f(0.05, gt=0.0, le=1.0)
     min_delta: float = _f(0.0, ge=0.0, le=1.0)
     min_items: int = _f(100, ge=1)
+
+    def check(self) -> None:
+        check_model_name(self.model_name, "register.model_name")
 
 
 @dataclass

@@ -169,3 +169,11 @@ def parse_band(text: str, key: str = "evaluate.target_band") -> Band | None:
         if low >= 1 and (high is None or high >= low):
             return low, high
     raise ConfigError(f"{key}={text!r}: expected N, N-M (N <= M) or N+ steps, e.g. 3, 3-4 or 5+")
+
+
+def check_model_name(name: str, what: str) -> None:
+    """A registered model's name that MLflow's search filters can express (`name = '...'` has no
+    escape for a single quote); ConfigError otherwise, before anything is created under it."""
+    if "'" in name or not name.strip():
+        raise ConfigError(f"{what}: {name!r} cannot be a registered model's name: MLflow's search filters cannot "
+                          "express an empty name or one with a single quote ('); choose another")

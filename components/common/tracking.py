@@ -38,6 +38,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from components.common.errors import TrackingUnavailable
 from components.common.files import repo_root, sha256_file
 from components.common.params import Params
 
@@ -87,8 +88,6 @@ def check_reachable(uri: str, timeout: float = 10.0) -> None:
     import urllib.error
     import urllib.request
 
-    from components.common.errors import TrackingUnavailable
-
     try:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as resp:
             if resp.status < 500:
@@ -100,7 +99,13 @@ def check_reachable(uri: str, timeout: float = 10.0) -> None:
         problem = f"answered HTTP {exc.code}"
     except (urllib.error.URLError, OSError) as exc:
         problem = f"is not reachable ({getattr(exc, 'reason', exc)})"
-    raise TrackingUnavailable(
+    raise tracking_unavailable(uri, problem)
+
+
+def tracking_unavailable(uri: str, problem: str) -> TrackingUnavailable:
+    """The one-line error for a tracking server at `uri` that `problem` (e.g. "is not reachable (…)"):
+    its URI and the commands that start one."""
+    return TrackingUnavailable(
         f"the MLflow tracking server at {uri} {problem}; start it (`mlflow server --port PORT`, or "
         "`docker compose -f infra/compose.yaml up -d`) or point tracking.uri / MLFLOW_TRACKING_URI at one that runs"
     )
@@ -159,7 +164,11 @@ def configure(params: Params, base: str | os.PathLike | None = None) -> str:
     else:
         exp_id = exp.experiment_id
     if exp is not None and _kind_to_set(exp.tags):  # an experiment an older grpoflow (or MLflow) created
-        client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        try:
+            client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        except MlflowException:  # another process set it between our read and our write
+            if _kind_to_set(client.get_experiment(exp_id).tags):
+                raise
     mlflow.set_experiment(experiment_id=exp_id)
     return exp_id
 
@@ -224,8 +233,9 @@ def data_splits(params: Params, **contexts: str) -> dict[str, tuple[Path, str]]:
 
 def log_datasets(run_id: str, files: DatasetFiles) -> None:
     """Each existing JSONL file as an MLflow dataset input of the run (schema and row count from its
-    rows, digest = the first 36 hex digits of its sha256, the most MLflow stores; the full sha256 is
-    the input tag `grpoflow.sha256`), with its context (`training`, `evaluation`, ...)."""
+    rows, integers as doubles; digest = the first 36 hex digits of its sha256, the most MLflow
+    stores; the full sha256 is the input tag `grpoflow.sha256`), with its context (`training`,
+    `evaluation`, ...)."""
     import mlflow
     import pandas as pd
     from mlflow.entities import DatasetInput, InputTag
@@ -236,11 +246,13 @@ def log_datasets(run_id: str, files: DatasetFiles) -> None:
         if not path.is_file():
             continue
         sha = sha256_file(path)
+        rows = pd.read_json(path, lines=True, dtype=False)
+        # Integer columns (`steps`) declared as doubles, as MLflow advises for columns that may miss
+        # values (a source without step counts); inferred as integers, each stage printed a hint.
+        rows = rows.astype({column: "float64" for column in rows.select_dtypes("integer").columns})
         with warnings.catch_warnings():  # MLflow finds two equal ways to read a local path and says so
             warnings.simplefilter("ignore", UserWarning)
-            dataset = mlflow.data.from_pandas(
-                pd.read_json(path, lines=True, dtype=False), source=str(path.resolve()), name=name, digest=sha[:36]
-            )
+            dataset = mlflow.data.from_pandas(rows, source=str(path.resolve()), name=name, digest=sha[:36])
         tags = [InputTag("mlflow.data.context", context), InputTag(SHA256_TAG, sha)]
         inputs.append(DatasetInput(dataset._to_mlflow_entity(), tags=tags))
     if inputs:

@@ -39,15 +39,6 @@ log = logging.getLogger("grpoflow.endpoint")
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
-def is_endpoint(spec: str) -> bool:
-    """True for an http(s) URL (an OpenAI-compatible base URL such as http://127.0.0.1:8000/v1).
-
-    >>> is_endpoint("http://127.0.0.1:8000/v1"), is_endpoint("models/grpo")
-    (True, False)
-    """
-    return spec.startswith(("http://", "https://"))
-
-
 @dataclass
 class Endpoint:
     base_url: str  # ends in /v1 (or whatever prefix the server serves the API under)

@@ -7,7 +7,7 @@ when `settings.num_samples` k > 0, k completions per prompt sampled at `settings
 
 - `transformers`: batched `model.generate` with left padding and the KV cache; prompts
   are sorted by length so that a batch holds similar lengths (less padding), and the
-  results are put back in the original order.
+  results are put back in the original order (components/models/batching.py).
 - `vllm`: `vllm.LLM` with `SamplingParams(temperature=0)`, then one request per prompt with
   `n=k` samples seeded `sample_seeds[i]` (sample j gets `seed + j`). When vLLM is importable here
   (a GPU machine with the `vllm` extra) it runs in this process; otherwise in a subprocess
@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from components.evaluation.vllm_backend import (
     vllm_importable,
     vllm_request,
 )
+from components.models.batching import generate_batches
 from components.models.modelio import dtype_name, load_model, load_tokenizer
 
 log = logging.getLogger("grpoflow.generation")
@@ -165,11 +167,19 @@ def decode(tokenizer, ids: list[int], eos_ids: list[int], stop: list[str]) -> tu
     """Completion text and generated-token count: cut at the first EOS, then before the first stop string."""
     eos = set(eos_ids)
     n = next((i for i, t in enumerate(ids) if t in eos), len(ids))
-    text = tokenizer.decode(ids[:n], skip_special_tokens=True)
-    for s in stop:
-        if s:
-            text = text.split(s)[0]
-    return text, n
+    return cut_at_stop(tokenizer.decode(ids[:n], skip_special_tokens=True), stop), n
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> str:
+    r"""The text before the first of `stops`, as vLLM's `stop` and lm-eval's `until` cut it.
+
+    >>> cut_at_stop("2 + 3 = 5\n#### 5\n\nQuestion: next", ["Question:", "</s>"])
+    '2 + 3 = 5\n#### 5\n\n'
+    """
+    for stop in stops:
+        if stop:
+            text = text.split(stop)[0]
+    return text
 
 
 # --------------------------------------------------------------------------- backends
@@ -177,33 +187,17 @@ def decode(tokenizer, ids: list[int], eos_ids: list[int], stop: list[str]) -> tu
 
 def _run_batches(model, tokenizer, prompt_ids, settings, eos_ids, kwargs, per_prompt) -> list[list[list[int]]]:
     """`model.generate` over length-sorted batches; `per_prompt` sequences of generated ids per prompt."""
-    import torch
+    from tqdm import tqdm
 
     pad_id = kwargs["pad_token_id"]
     eos = set(eos_ids)
-    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]), reverse=True)
     out: list[list[list[int]]] = [[] for _ in prompt_ids]
     step = max(1, settings.batch_size // per_prompt)  # about batch_size sequences per call
-    from tqdm import tqdm
-
     # Progress per batch in items/s (stderr, as the Trainer's; shown when piped too: stages run under DVC).
-    bar = tqdm(total=len(order), desc="sampling" if per_prompt > 1 else "generating", unit="item",
+    bar = tqdm(total=len(prompt_ids), desc="sampling" if per_prompt > 1 else "generating", unit="item",
                dynamic_ncols=True, leave=True)
-    for start in range(0, len(order), step):
-        idx = order[start : start + step]
-        width = max(len(prompt_ids[i]) for i in idx)
-        input_ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(idx), width), dtype=torch.long)
-        for row, i in enumerate(idx):
-            ids = prompt_ids[i]
-            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            mask[row, width - len(ids) :] = 1
-        with torch.inference_mode():
-            gen = model.generate(
-                input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device), **kwargs
-            )
-        for row in range(gen.shape[0]):  # num_return_sequences rows per prompt, in prompt order
-            ids = gen[row, width:].tolist()
+    for idx, rows in generate_batches(model, prompt_ids, step, **kwargs):
+        for row, ids in enumerate(rows):  # num_return_sequences rows per prompt, in prompt order
             # Rows that finished early are padded with pad_id (which may equal EOS): keep up to the first EOS.
             if not settings.ignore_eos:
                 stop_at = next((k for k, t in enumerate(ids) if t in eos), None)

@@ -156,18 +156,6 @@ def build_fewshot_prompts(
     return prompts
 
 
-def cut_at_stop(text: str, stops: Sequence[str] = STOP_SEQUENCES) -> str:
-    r"""The continuation before the first stop sequence, as the harness's `until` does.
-
-    >>> cut_at_stop("2 + 3 = 5\n#### 5\n\nQuestion: next")
-    '2 + 3 = 5\n#### 5\n\n'
-    """
-    for stop in stops:
-        if stop:
-            text = text.split(stop)[0]
-    return text
-
-
 def extract(text: str, mode: str) -> str:
     """The harness's `strict-match` (first `#### N`) or `flexible-extract` (last number).
 

@@ -117,6 +117,7 @@ HARMLESS = (
     "Reset SSM cache type to float32 for accelerated GDN",  # any model on a CPU with avx512_bf16: vLLM's own default
     "[shutdown] Process manager: force killing remaining process",  # the engine's exit, results written
     "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",  # the same exit, seen from the client
+    "[shutdown] force killing sub process VLLM::Worker",  # the same exit: the engine's worker, results written
 )
 PROGRESS = re.compile(r"\d%\|")  # a tqdm bar's `42%|`: shown while it is being drawn
 
@@ -128,6 +129,9 @@ def on_console(line: str) -> bool:
     >>> on_console("(EngineCore pid=5761) INFO 12-02 16:54:41 [core.py:133] Initializing a V1 LLM engine")
     False
     >>> on_console("(Worker pid=5779) WARNING 12-02 16:54:58 [cpu_worker.py:114] libiomp is not found in LD_PRELOAD.")
+    False
+    >>> on_console("(MainProcess pid=30408) WARNING 12-05 09:25:29 [system_utils.py:225] [shutdown] force killing "
+    ...            "sub process VLLM::Worker pid 30542")
     False
     >>> on_console("(EngineCore pid=5761) WARNING 12-02 16:55:02 [scheduler.py:9] the prompt is longer than max_model_len")
     True

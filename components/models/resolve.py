@@ -113,10 +113,19 @@ def _registered_adapter(spec: str, local: Path, adapter: Path, params: Params | 
     return ResolvedModel(spec, str(merged), str(merged), adapter_dir=str(adapter), base_dir=str(base))
 
 
+def is_endpoint(spec: str) -> bool:
+    """True for an http(s) URL (an OpenAI-compatible base URL such as http://127.0.0.1:8000/v1).
+
+    >>> is_endpoint("http://127.0.0.1:8000/v1"), is_endpoint("models/grpo")
+    (True, False)
+    """
+    return spec.startswith(("http://", "https://"))
+
+
 def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, params: Params | None = None) -> ResolvedModel:
     """A model folder for `spec`: a local folder, an MLflow URI (models:/NAME@ALIAS, runs:/...) or a hub id;
     or, for an http(s) URL, the base URL of an OpenAI-compatible endpoint (nothing downloaded)."""
-    if spec.startswith(("http://", "https://")):
+    if is_endpoint(spec):
         return ResolvedModel(spec, "", "", endpoint=spec.rstrip("/"))
     if spec.startswith(MODEL_URI_SCHEMES):
         import mlflow

@@ -85,7 +85,7 @@ MATH_VERIFY_BUDGET_S = 0.02  # CPU-time budget of one math-verify comparison
 _UNWRAP_RE = re.compile(r"^(?:\\boxed\{(.*)\}|\\\((.*)\\\)|\\\[(.*)\\\]|\$(.*)\$)$", re.DOTALL)
 _TEXT_RE = re.compile(r"\\(?:text|mathrm|textbf)\{([^{}]*)\}")
 _FRAC_RE = re.compile(r"^([-+]?)\s*\\[dt]?frac\{\s*([-+]?\d+)\s*\}\{\s*(\d+)\s*\}$|^([-+]?\d+)\s*/\s*(\d+)$")
-# Answers that may go to math-verify: LaTeX or an arithmetic expression. Prose such as
+# Answers that may go to math-verify: LaTeX or an arithmetic expression ("2 + 2" is 4). Prose such as
 # "18 or 19" does not (math-verify would pick one of its numbers: a hedge that pays).
 _MATHY_RE = re.compile(r"[\\^{}/*+()=]")
 
@@ -159,6 +159,9 @@ _WARM_UP = [
     ("$x = 5$", "$5$"),
     ("$1.5\\%$", "$1.5$"),
     ("$\\boxed{18}$", "$18$"),
+    ("$2 + 2$", "$4$"),  # ASCII arithmetic: sympy's addition, subtraction, products and brackets
+    ("$10 - 3$", "$7$"),
+    ("$(1 + 2) * 3$", "$9$"),
 ]
 
 

@@ -237,9 +237,10 @@ def check_reward_name(name: str) -> None:
 
 def check_reward_names(cfg: RewardsParams) -> None:
     """Every name of the `rewards` params section is a registry name or a dotted path, else a
-    ConfigError naming the entry (`rewards.funcs[1]: unknown reward 'nope'; ...`). The grpo stage and
-    `grpoflow run` check this before anything runs; the params schema does not (a reward is GRPO's
-    business: the stages that do not use rewards must not depend on this module).
+    ConfigError naming the entry (`rewards.funcs[1]: unknown reward 'nope'; ...`). The grpo stage checks
+    this before it loads anything, and a `-S` override before it is written into params.yaml; the
+    params schema does not (a reward is GRPO's business: the stages that do not use rewards must not
+    depend on this module).
 
     >>> from types import SimpleNamespace
     >>> check_reward_names(SimpleNamespace(funcs=["format", "nope"]))

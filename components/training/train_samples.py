@@ -4,12 +4,14 @@ with their strict accuracy and format rate added to the stage's summary.
 
 Not the evaluation engine (components/evaluation/generation.py, with its vLLM route): the training stages
 keep their own short greedy loop so that a change to evaluation code never re-runs SFT or GRPO
-(their dvc.yaml deps are their imports). Used by components/training/finetune.py `train_and_save`.
+(their dvc.yaml deps are their imports); the batching under both is components/models/batching.py. Used by components/training/finetune.py `train_and_save`.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from components.models.batching import generate_batches
 
 
 def model_eos_ids(model, tokenizer) -> list[int]:
@@ -25,8 +27,6 @@ def greedy(model, tokenizer, prompts: list[str], max_new_tokens: int = 256, batc
     """Greedy completions of rendered prompts by a model in memory: length-sorted batches, left
     padding, cut at the first EOS; a prompt longer than the context minus `max_new_tokens` keeps
     its last tokens."""
-    import torch
-
     eos_ids = model_eos_ids(model, tokenizer)
     eos = set(eos_ids)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
@@ -34,26 +34,14 @@ def greedy(model, tokenizer, prompts: list[str], max_new_tokens: int = 256, batc
     room = max(1, context - max_new_tokens) if context else None
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     encoded = [ids[-room:] if room and len(ids) > room else ids for ids in encoded]
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]), reverse=True)
     out: list[str] = [""] * len(encoded)
     was_training = model.training
     model.eval()
     try:
-        for start in range(0, len(order), batch_size):
-            idx = order[start : start + batch_size]
-            width = max(len(encoded[i]) for i in idx)
-            input_ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(idx), width), dtype=torch.long)
-            for row, i in enumerate(idx):
-                input_ids[row, width - len(encoded[i]) :] = torch.tensor(encoded[i], dtype=torch.long)
-                mask[row, width - len(encoded[i]) :] = 1
-            with torch.inference_mode():
-                gen = model.generate(
-                    input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
-                    max_new_tokens=max_new_tokens, eos_token_id=eos_ids or None, pad_token_id=pad_id,
-                )
-            for row, i in enumerate(idx):
-                ids = gen[row, width:].tolist()
+        batches = generate_batches(model, encoded, batch_size, do_sample=False, max_new_tokens=max_new_tokens,
+                                   eos_token_id=eos_ids or None, pad_token_id=pad_id)
+        for idx, rows in batches:
+            for i, ids in zip(idx, rows, strict=True):
                 end = next((k for k, t in enumerate(ids) if t in eos), len(ids))
                 out[i] = tokenizer.decode(ids[:end], skip_special_tokens=True)
     finally:

@@ -42,8 +42,9 @@ from components.evaluate import STAGE as EVALUATE
 from components.evaluation.endpoint import connect
 from components.evaluation.reports import log_to_mlflow, write_reports
 from components.evaluation.scoring import data_source, evaluate_model, fewshot_source
-from components.models.resolve import resolve_model
+from components.models.resolve import is_endpoint, resolve_model
 from components.problems.sources import load_problems
+from pipelines.execution.services import service_env_defaults
 from pipelines.params.config import add_params_args, load_checked, load_params
 
 
@@ -55,7 +56,7 @@ def _slug(spec: str) -> str:
     >>> _slug("http://127.0.0.1:8000/v1")
     'endpoint-127.0.0.1-8000'
     """
-    if spec.startswith(("http://", "https://")):
+    if is_endpoint(spec):
         return "endpoint-" + re.sub(r"[^\w.-]+", "-", spec.split("://", 1)[1].split("/", 1)[0])
     tail = spec.rstrip("/").split("/")[-1] or "model"
     return re.sub(r"[^\w.-]+", "-", tail)
@@ -146,6 +147,7 @@ def evaluation_pipeline(
     overrides: list[str] | None = None,
 ) -> dict[str, Any]:
     """Evaluate `model` on `data` (default: the prepared test split); returns its metrics."""
+    service_env_defaults()  # MLflow gives up on a server that does not answer within the budget
     params = load_params(params_file, overrides or [])
     return evaluate_task(params, model, data, protocol, backend, limit, output)
 

@@ -31,6 +31,7 @@ from typing import Any
 from components.common.tracking import PARENT_ENV
 from pipelines.execution.group_watchdog import GRACE_S, GROUP_FILE_ENV
 from pipelines.execution.runtime import TELEMETRY_OFF
+from pipelines.execution.services import check_remote, remote_settings
 
 STAGE_GROUP_FILE = ".dvc/tmp/grpoflow-stage.group"  # the process group of the running dvc command
 PUSHED_FILE = ".dvc/tmp/grpoflow-pushed"  # dvc.lock's md5 and the remote of the last successful push
@@ -135,13 +136,10 @@ def entry_md5(entry: dict[str, Any] | None) -> str:
 
 def default_remote(root: str | os.PathLike) -> tuple[str | None, str | None]:
     """(name, url) of the repo's default DVC remote, url made absolute for local folders."""
-    from dvc.repo import Repo
-
-    with Repo(str(root)) as repo:
-        name = repo.config["core"].get("remote")
-        if not name:
-            return None, None
-        url = repo.config["remote"].get(name, {}).get("url")
+    name, settings = remote_settings(root)
+    if not name:
+        return None, None
+    url = settings.get("url")
     if url and "://" not in url and not os.path.isabs(url):
         url = str((Path(root) / ".dvc" / url).resolve())
     return name, url
@@ -250,6 +248,8 @@ def run_dvc(
     cmd = [sys.executable, "-m", "pipelines.execution.group_watchdog", sys.executable, "-m", "dvc", *args]
     env = {**env, GROUP_FILE_ENV: str(Path(root) / STAGE_GROUP_FILE)}
     tail: collections.deque[str] = collections.deque(maxlen=60)
+    if args[0] in ("pull", "push") or "--pull" in args:
+        check_remote(root)  # a remote that does not answer: one line within the budget, not DVC's retries
     try:
         proc = subprocess.Popen(cmd, cwd=str(root), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except OSError as exc:

@@ -5,9 +5,12 @@ in). The one place grpoflow calls git.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from components.common.errors import GrpoflowError
@@ -52,6 +55,38 @@ def changed_files(root: str | os.PathLike, *excluded: str) -> list[str]:
 
 def has_commit(root: str | os.PathLike, commit: str) -> bool:
     return subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root, capture_output=True).returncode == 0
+
+
+@contextlib.contextmanager
+def own_workdir(workdir: str | os.PathLike | None, prefix: str, keep: bool) -> Iterator[Path]:
+    """The folder a working copy goes in, and afterwards (unless `keep`) the removal of what was made
+    there, and only that. `workdir` missing: made here, removed afterwards. Empty: the user's folder,
+    emptied afterwards and left in place. Holding anything, or a file: refused before anything is
+    written or removed. None: a new temporary path (missing, for `git clone` to make), removed after."""
+    if workdir is None:
+        work = Path(tempfile.mkdtemp(prefix=prefix))
+        work.rmdir()  # git clone makes it
+        made = True
+    else:
+        work = Path(workdir)
+        if work.exists() and not (work.is_dir() and not any(work.iterdir())):
+            raise WorkingCopyError(f"{work} is not empty; give a new folder")
+        made = not work.exists()
+        try:
+            work.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a file where a parent folder should be, no permission
+            raise WorkingCopyError(f"{work}: cannot make this folder ({exc.strerror}); give a new folder") from None
+    try:
+        yield work
+    finally:
+        if not keep and made:
+            shutil.rmtree(work, ignore_errors=True)
+        elif not keep and work.is_dir():  # the user's empty folder: only what this working copy put there
+            for entry in work.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
 
 
 def working_copy(source: Path, commit: str, workdir: Path) -> None:

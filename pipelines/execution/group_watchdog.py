@@ -45,25 +45,32 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
         return False
 
 
-def _start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid` (field 22 of /proc/PID/stat), to tell a reused pid apart."""
+def proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, or None when there is no such process
+    (or no /proc): index 0 is the state (field 3; "Z" a zombie), 2 the process group (field 5),
+    19 the start time in clock ticks after boot (field 22). `pid` may be "self".
+
+    >>> proc_stat("self")[0], proc_stat(os.getpid())[2] == str(os.getpgrp()), proc_stat(-1)
+    ('R', True, None)
+    """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat[stat.rindex(")") + 2 :].split()[19]
+    return stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces and ")"
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of `pid`, to tell a reused pid apart."""
+    fields = proc_stat(pid)
+    return fields[19] if fields else None
 
 
 def group_members(pgid: int) -> list[int]:
     """Pids of the live processes in process group `pgid` (from /proc)."""
     members = []
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2 :].split()
+        if entry.name.isdigit() and (fields := proc_stat(entry.name)):
             if int(fields[2]) == pgid and fields[0] != "Z":
                 members.append(int(entry.name))
     return members

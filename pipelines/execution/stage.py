@@ -18,16 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import socket
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
-from components.common.errors import GrpoflowError
+from components.common.errors import GrpoflowError, InputError
 from components.common.files import repo_root, write_text
 from components.common.tracking import STAGE_TAG, TAG_PREFIX
 from pipelines.execution import dvc_ops
@@ -40,7 +38,8 @@ from pipelines.execution.dvc_ops import (
     stage_status,
     upstream_stages,
 )
-from pipelines.execution.gitrepo import working_copy
+from pipelines.execution.gitrepo import own_workdir, working_copy
+from pipelines.execution.services import service_env_defaults
 from pipelines.results import failure_message
 
 STAGE_FLOW = "grpoflow-stage"
@@ -85,11 +84,9 @@ def run_in_working_copy(
     """Run one stage in a clean working copy; returns {stage, status, seconds, lock_entry, lock_md5,
     run_id, workdir, host, pid}."""
     source = Path(source or repo_root()).resolve()
-    work = Path(workdir or tempfile.mkdtemp(prefix=f"grpoflow-stage-{stage}-"))
-    if workdir is None:
-        work.rmdir()  # git clone makes it
     start = time.time()
-    try:
+    # Removed afterwards (unless keep) only as far as it was made here: a user's folder is never deleted.
+    with own_workdir(workdir, f"grpoflow-stage-{stage}-", keep) as work:
         working_copy(source, commit, work)
         write_text(work / "params.yaml", params_yaml)
         if dvc_lock:
@@ -126,9 +123,6 @@ def run_in_working_copy(
             client.set_tag(run_id, f"{TAG_PREFIX}runner.{key}", str(result[key]))
         client.log_dict(run_id, result, RESULT_ARTIFACT)
         return result
-    finally:
-        if not keep:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 @flow(name=STAGE_FLOW, log_prints=True, flow_run_name="{stage}@{commit}")
@@ -136,14 +130,22 @@ def stage_flow(
     stage: str, commit: str, params_yaml: str, dvc_lock: str, remote_url: str, parent_run_id: str, tracking_uri: str
 ) -> dict[str, Any]:
     """One dvc.yaml stage in a clean working copy of `commit` (what the per-stage deployments run)."""
+    service_env_defaults()  # MLflow gives up on a server that does not answer within the budget
     return run_in_working_copy(stage, commit, params_yaml, dvc_lock, remote_url, parent_run_id, tracking_uri)
+
+
+def _read(path: str, option: str) -> str:
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{option} {path}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def cli_stage(args: argparse.Namespace) -> int:
     """`grpoflow stage NAME --commit SHA ...`: run one stage here; prints its result as JSON."""
     result = run_in_working_copy(
-        args.name, args.commit, Path(args.params_file).read_text(),
-        Path(args.lock_file).read_text() if args.lock_file else "", args.remote, args.parent_run_id,
+        args.name, args.commit, _read(args.params_file, "--params-file"),
+        _read(args.lock_file, "--lock-file") if args.lock_file else "", args.remote, args.parent_run_id,
         args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", ""), workdir=args.workdir, keep=args.keep,
     )
     print(json.dumps(result, indent=2, sort_keys=True))

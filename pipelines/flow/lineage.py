@@ -60,6 +60,7 @@ from components.common.tracking import (
 )
 from components.evaluation.reports import read_metrics
 from pipelines.execution.gitrepo import git_state
+from pipelines.execution.group_watchdog import proc_stat
 from pipelines.results import STAGE_ATTR, StageResult, interrupted_stage
 
 FLOW_NAME = "training-pipeline"
@@ -114,10 +115,8 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # someone else's process
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    fields = proc_stat(pid)
+    return fields is None or fields[0] != "Z"
 
 
 def close_stale_runs(client: Any, exp_id: str, by_run_id: str) -> list[str]:

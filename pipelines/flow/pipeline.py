@@ -52,6 +52,7 @@ from pipelines.execution.dvc_ops import (
 )
 from pipelines.execution.placement import submit
 from pipelines.execution.runtime import prefect_api_log
+from pipelines.execution.services import service_env_defaults
 from pipelines.flow import lineage
 from pipelines.flow.lineage import FLOW_NAME, PipelineRun, failure_recorded, flow_run_name, parent_run
 from pipelines.flow.runlock import pipeline_lock
@@ -212,6 +213,7 @@ def publish(run: PipelineRun, params: Params, s: RunSummary) -> RunSummary:
 def training_pipeline(overrides: list[str] | None = None) -> RunSummary:
     """dvc pull → every dvc.yaml stage in graph order → dvc push → lineage → register → promote,
     on the checkout this process runs in (a worker's is fixed: no parameter moves it)."""
+    service_env_defaults()  # MLflow gives up on a server that does not answer within the budget (a worker too)
     root = str(repo_root())
     with pipeline_lock(root):
         params = apply_params(root, list(overrides or []))

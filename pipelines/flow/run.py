@@ -22,6 +22,7 @@ from pathlib import Path
 from components.common.entry import fail
 from components.common.params import Params
 from components.common.tracking import repo_root, resolve_tracking_uri
+from pipelines.execution.group_watchdog import proc_stat
 from pipelines.params.config import load_checked
 from pipelines.results import Interrupted, interrupted_stage
 
@@ -65,18 +66,21 @@ def _run(args: argparse.Namespace, root: Path) -> int:
     )
 
     from pipelines.execution.dvc_ops import StageFailed, TransientError, stage_order
+    from pipelines.execution.services import check_remote, no_service_failure_lines
     from pipelines.flow.pipeline import training_pipeline
     from pipelines.flow.runlock import PipelineLocked
     from pipelines.flow.summary import format_run_summary, task_seconds, time_line
 
     stage_order(root)  # DVC reads dvc.yaml and dvc.lock: a broken one fails here, in one line
+    check_remote(root)  # and its default remote answers (pull and push check again)
     waited = time.perf_counter()
     if server is not None:
         server.use()
     ready, startup = time.perf_counter(), _process_age()
     signal.signal(signal.SIGTERM, _raise_interrupted)  # Prefect's flow engine hands SIGTERM back to it
-    for name in ("prefect.task_runs", "prefect.flow_runs"):  # the interrupt gets one line, below
+    for name in ("prefect.task_runs", "prefect.flow_runs"):  # the interrupt, a lost service: one line each
         logging.getLogger(name).addFilter(_no_interrupt_crash_lines)
+        logging.getLogger(name).addFilter(no_service_failure_lines)
     try:
         summary = training_pipeline(overrides=list(args.overrides))
     except PipelineLocked as exc:
@@ -126,7 +130,7 @@ def _process_age() -> float:
     import time
 
     try:
-        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        ticks = int((proc_stat("self") or [])[19])
         uptime = float(open("/proc/uptime").read().split()[0])
         return max(uptime - ticks / os.sysconf("SC_CLK_TCK"), 0.0)
     except (OSError, ValueError, IndexError):

@@ -2,6 +2,13 @@
 
     grpoflow ui                      # http://127.0.0.1:5000 (pipeline runs, stage runs, the registry)
     grpoflow ui --port 5001
+    grpoflow ui --host 0.0.0.0 --app-name basic-auth   # for a team: every request needs a user
+
+A `--host` other than loopback puts the runs and the registry on the network, so it needs MLflow's
+authentication: `--app-name basic-auth` (MLflow's basic-auth app: the first admin from
+MLFLOW_AUTH_ADMIN_USERNAME / MLFLOW_AUTH_ADMIN_PASSWORD, settings from MLFLOW_AUTH_CONFIG_PATH, as
+infra/compose.yaml runs it) or another auth app MLflow has installed; without one it is refused in one
+line, exit 2, before anything starts.
 
 It runs `mlflow server` on the resolved tracking URI (MLFLOW_TRACKING_URI, else
 `tracking.uri`, a relative sqlite path made absolute against the repo root), with new
@@ -24,23 +31,29 @@ import sys
 from typing import Any
 
 from components.common.tracking import resolve_artifact_location, resolve_tracking_uri
+from pipelines.execution.services import require_auth_beyond_loopback
 from pipelines.params.config import load_params
 
 
-def mlflow_server_command(uri: str, artifact_root: str | None, host: str, port: int) -> list[str]:
+def mlflow_server_command(uri: str, artifact_root: str | None, host: str, port: int, app_name: str | None = None,
+                          ) -> list[str]:
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
     if artifact_root:
         cmd += ["--default-artifact-root", artifact_root]
+    if app_name:
+        cmd += ["--app-name", app_name]
     return cmd
 
 
 def cli_ui(args: argparse.Namespace) -> int:
+    require_auth_beyond_loopback(args.host, bool(args.app_name), "turn on MLflow's authentication with --app-name basic-auth "
+                                 "(the first admin from MLFLOW_AUTH_ADMIN_USERNAME / MLFLOW_AUTH_ADMIN_PASSWORD)")
     params = load_params(args.params, args.overrides)
     uri = resolve_tracking_uri(params)
     if uri.startswith(("http://", "https://")):
         print(f"tracking URI {uri} is an MLflow server already: open it in a browser")
         return 0
-    cmd = mlflow_server_command(uri, resolve_artifact_location(params, uri), args.host, args.port)
+    cmd = mlflow_server_command(uri, resolve_artifact_location(params, uri), args.host, args.port, args.app_name)
     print(f"MLflow UI for {uri} on http://{args.host}:{args.port} (Ctrl-C stops it)", flush=True)
     env = {
         **os.environ,

@@ -2,7 +2,9 @@
 
 MODEL is a model or adapter folder (models/grpo) or a registered version (models:/NAME@ALIAS,
 models:/NAME/VERSION; an adapter version's base is fetched from the registry). DIR is written
-atomically and must not hold files grpoflow did not write.
+atomically and carries the file `.grpoflow-export`, export's own mark: DIR must not exist, be empty,
+or hold an earlier export (that mark). Any other folder is left as it is, even one holding the same
+file names (another model's), with one line and exit 2.
 
 - A full model: its folder (config.json, *.safetensors, tokenizer), as is.
 - A LoRA adapter with `--merged`: base + adapter merged into one full model folder, which vLLM,
@@ -25,8 +27,16 @@ import tempfile
 from pathlib import Path
 
 from components.common.errors import InputError
-from components.common.files import replace_dir
+from components.common.files import OUTPUT_MARKER, replace_dir
 from components.common.params import Params
+
+EXPORT_MARKER = ".grpoflow-export"  # in every folder export writes: the one kind of folder it replaces
+MARKERS = (OUTPUT_MARKER, EXPORT_MARKER)
+REFUSAL = f"It holds no {EXPORT_MARKER} (an earlier export's mark): give a new or empty folder, or remove this one."
+
+
+def _replace(out_dir: str, write) -> Path:
+    return replace_dir(out_dir, write, marker=EXPORT_MARKER, refusal=REFUSAL)
 
 
 def export(params: Params, spec: str, out_dir: str, merged: bool) -> tuple[Path, str]:
@@ -39,10 +49,10 @@ def export(params: Params, spec: str, out_dir: str, merged: bool) -> tuple[Path,
     with tempfile.TemporaryDirectory(prefix="grpoflow-export-") as tmp:
         model = resolve_model(spec, download_dir=tmp, params=params)
         if not model.adapter_dir:
-            out = replace_dir(out_dir, lambda d: _copy_files(Path(model.model_dir), d, Path(model.tokenizer_dir)))
+            out = _replace(out_dir, lambda d: _copy_files(Path(model.model_dir), d, Path(model.tokenizer_dir)))
             return out, "full model"
         if merged:  # resolve_model has merged it already
-            return replace_dir(out_dir, lambda d: _copy_files(Path(model.model_dir), d)), "merged model (base + adapter)"
+            return _replace(out_dir, lambda d: _copy_files(Path(model.model_dir), d)), "merged model (base + adapter)"
 
         adapter, base = Path(model.adapter_dir), Path(model.base_dir)
 
@@ -56,17 +66,17 @@ def export(params: Params, spec: str, out_dir: str, merged: bool) -> tuple[Path,
             cfg["base_model_name_or_path"] = "base"
             (d / adapters.ADAPTER_CONFIG).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
-        return replace_dir(out_dir, write), "adapter, with its base in base/"
+        return _replace(out_dir, write), "adapter, with its base in base/"
 
 
 def _copy_files(src: Path, dst: Path, tokenizer_dir: Path | None = None) -> None:
     dst.mkdir(parents=True, exist_ok=True)
     for f in src.iterdir():
-        if f.is_file():
+        if f.is_file() and f.name not in MARKERS:  # the copy is marked as an export, not as a stage's output
             shutil.copy2(f, dst / f.name)
     if tokenizer_dir and tokenizer_dir != src:
         for f in tokenizer_dir.iterdir():
-            if f.is_file() and not (dst / f.name).exists():
+            if f.is_file() and f.name not in MARKERS and not (dst / f.name).exists():
                 shutil.copy2(f, dst / f.name)
 
 

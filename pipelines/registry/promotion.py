@@ -1,46 +1,59 @@
 """Promotion: the gate that decides whether a registered version becomes `champion` (the flow's
-`promote` step), and the manual moves `grpoflow promote` and `grpoflow rollback`.
+`promote` step); the commands `grpoflow promote` and `grpoflow rollback` (pipelines/registry/moves.py).
 
 `gate()` is the promotion step. `champion` moves to the challenger only if there is no
 champion yet, or if on the same evaluation items (paired by item id, at least
 `register.min_items` of them) the challenger's accuracy beats the champion's by more than zero
 and at least `register.min_delta`, with an exact McNemar p-value below `register.alpha`.
 
-Like with like: each version carries what it was evaluated on (`eval.test_sha256` over the
-items' id, question and gold, `eval.protocol`, `eval.max_new_tokens`). When the champion's
-differ from the challenger's (another `data.seed`, test size, source, protocol or token
-budget), the gate first re-evaluates the champion, downloaded from the registry, on the
-challenger's items with the challenger's settings, then compares; `promotion.test_sha256`,
-`promotion.n` and `promotion.champion_reevaluated` record what it compared.
+The items are the ones registered with each version (`eval.items_uri`, checked against
+`eval.items_sha256`: register.registered_items), not a checkout's local files. Like with like: each
+version carries what it was evaluated on (`eval.test_sha256` over the items' id, question and gold,
+`eval.protocol`, `eval.max_new_tokens`). When the champion's differ from the challenger's (another
+`data.seed`, test size, source, protocol or token budget), the gate first re-evaluates the
+champion, downloaded from the registry, on the challenger's items with the challenger's settings,
+then compares; `promotion.test_sha256`, `promotion.n` and `promotion.champion_reevaluated` record
+what it compared.
 
 With `evaluate.target_band` set, the gate pairs only the items of that band (by the challenger's
 items' `steps`; `promotion.target_band` records it): the problems the user named as the goal.
 
-The numbers and the decision are written as version tags (`promotion.*`) and printed. Tags are
-written before the alias moves and `promotion.decision` last, so an interrupted gate is
-completed by the next run instead of leaving a half-written state; the alias moves only if the
-champion read at the start is still the champion just before the move.
+One champion across checkouts: the gate reads the champion, compares and writes while holding the
+registry lease (pipelines/registry/lease.py), so gates, forced promotions and rollbacks of every
+checkout sharing the registry take turns, and each gate compares against the champion of its turn.
+A re-evaluation (minutes) runs outside the lease; if the champion moved meanwhile, the gate
+re-evaluates the new one, and after REEVALUATIONS moves it records `superseded`. The numbers and the
+decision are written as version tags (`promotion.*`) and printed, in the order moves.write_decision
+gives (`promotion.decision` last), so an interrupted gate is completed by the next run.
 """
 
 from __future__ import annotations
 
 import argparse
-import getpass
-import json
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from components.common.errors import RegistryError
 from components.common.params import Params
-from components.common.tracking import repo_root, resolve_tracking_uri
-from components.evaluation.reports import ITEM_COLUMNS, headline, item_column, read_item_rows
+from components.common.tracking import repo_root
+from components.evaluation.reports import ITEM_COLUMNS, headline, item_column
 from components.problems.bands import band_label, in_band, parse_band
 from pipelines.params.config import load_checked
+from pipelines.registry.lease import registry_lease
+from pipelines.registry.moves import (
+    DECIDED_BY_TAG,
+    as_decided,
+    force_promote,
+    model_version,
+    reconcile,
+    repair_strays,
+    rollback,
+    write_decision,
+)
 from pipelines.registry.register import (
     CHALLENGER,
     CHAMPION,
@@ -51,21 +64,11 @@ from pipelines.registry.register import (
     REASON_TAG,
     alias_version,
     client_for,
-    items_path,
+    registered_items,
 )
 from pipelines.results import Decision, Registration
 
-# Who decided and when (version tags, written with the decision): what a later no-op run reports.
-DECIDED_BY_TAG = "promotion.decided_by_run"
-DECIDED_AT_TAG = "promotion.decided_at"
-
-
-def _download_items(uri: str) -> dict[str, dict[str, Any]]:
-    import mlflow
-
-    with tempfile.TemporaryDirectory() as tmp:
-        local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp)
-        return read_item_rows(local)
+REEVALUATIONS = 3  # champions re-evaluated by one gate before it gives up the race as superseded
 
 
 def correctness_and_format(challenger: dict[str, dict[str, Any]], champion: dict[str, dict[str, Any]],
@@ -153,36 +156,6 @@ def _reason(version: str, champion: str, ok: bool, x: dict[str, Any], metric: st
     return f"{head}: {', '.join(verdict)}; champion v{champion} kept"
 
 
-def _tag_value(value: Any) -> str:
-    """Version tags as people read them: strings as they are, booleans as true/false, the rest as JSON."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value)
-
-
-def _write_decision(client, name: str, version: str, decision: Decision, move_alias: bool, run_id: str | None = None) -> None:
-    """Numbers and reason first, then the alias, then the decision tag (the commit marker). The alias
-    moves only if the champion is still the one the decision was made against."""
-    for key, value in decision.numbers.items():
-        client.set_model_version_tag(name, version, f"promotion.{key}", _tag_value(value))
-    client.set_model_version_tag(name, version, REASON_TAG, decision.reason)
-    if run_id:
-        client.set_model_version_tag(name, version, DECIDED_BY_TAG, run_id)
-    client.set_model_version_tag(name, version, DECIDED_AT_TAG, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    if move_alias:
-        now = alias_version(client, name, CHAMPION)
-        if (now.version if now else None) != decision.champion_before:
-            raise RegistryError(
-                f"{name}: the champion moved from v{decision.champion_before} to v{now.version if now else None} "
-                f"while the gate compared v{version} against it; not promoted. Run the pipeline again to "
-                "compare against the new champion."
-            )
-        if decision.champion_before and decision.champion_before != version:
-            client.set_model_version_tag(name, version, PREVIOUS_TAG, decision.champion_before)
-        client.set_registered_model_alias(name, CHAMPION, version)
-    client.set_model_version_tag(name, version, DECISION_TAG, decision.decision)
-
-
 def eval_settings(tags: dict[str, str]) -> dict[str, str | None]:
     """What a version was evaluated on (`eval.*` tags); None for what it does not record."""
     return {k: tags.get(f"eval.{k}") for k in EVAL_KEYS}
@@ -212,38 +185,17 @@ def reevaluate(params: Params, name: str, version: str, root: Path, test_sha256:
     return {str(i["id"]): i for i in items}
 
 
-def gate(params: Params, registration: Registration, root: str | os.PathLike | None = None) -> Decision:
-    """Move `champion` to the challenger if the gate passes; the decision is tagged and returned."""
-    root = Path(root or repo_root())
-    name, version = registration.name, registration.version
-    client = client_for(params, root)
-    mv = client.get_model_version(name, version)
-    if DECISION_TAG in mv.tags:  # decided by an earlier run: nothing to do
-        return Decision(
-            name, version, mv.tags[DECISION_TAG], _as_decided(client, mv), mv.tags.get(PREVIOUS_TAG),
-        )
-    client.set_registered_model_alias(name, CHALLENGER, version)
-    champion = alias_version(client, name, CHAMPION)
-    if champion is None:
-        decision = Decision(name, version, "promoted", f"no champion yet: v{version} becomes champion")
-        _write_decision(client, name, version, decision, move_alias=True, run_id=registration.run_id)
-        return decision
-    if champion.version == version:  # an interrupted earlier gate had already moved the alias
-        decision = Decision(name, version, "promoted", mv.tags.get(REASON_TAG, "champion alias already on it"))
-        client.set_model_version_tag(name, version, DECISION_TAG, decision.decision)
-        return decision
+def needs_reevaluation(challenger_tags: dict[str, str], champion_tags: dict[str, str]) -> bool:
+    """Whether the champion must be evaluated again to be compared: evaluated on other items or
+    settings, or registered without its items."""
+    theirs = eval_settings(champion_tags)
+    return eval_settings(challenger_tags) != theirs or None in theirs.values() or not champion_tags.get(ITEMS_TAG)
+
+
+def _compare(params: Params, mv, champion, challenger_rows, champion_rows, reevaluated: bool, checked: bool) -> Decision:
+    """The gate's decision on the shared items (the target band's, when set); nothing written."""
+    name, version, reg = mv.name, str(mv.version), params.register
     metric = params.evaluate.primary_metric  # the gate's metric (docs/registry.md says why strict by default)
-    challenger_rows = read_item_rows(items_path(params, root))
-    ours, theirs = eval_settings(mv.tags), eval_settings(champion.tags)
-    reevaluated = ours != theirs or None in theirs.values() or not champion.tags.get(ITEMS_TAG)
-    if reevaluated:
-        champion_rows = reevaluate(params, name, champion.version, root, ours["test_sha256"])
-        if registration.run_id:  # the pipeline run keeps what the champion scored
-            client.log_dict(registration.run_id, {i: r["correct"] for i, r in champion_rows.items()},
-                            f"promotion/champion_v{champion.version}_items.json")
-    else:
-        champion_rows = _download_items(champion.tags[ITEMS_TAG])
-    reg = params.register
     band = parse_band(params.evaluate.target_band)
     if band and not any("steps" in r for r in challenger_rows.values()):
         band = None  # items scored before problems carried their steps: every item, and the reason says so
@@ -253,68 +205,82 @@ def gate(params: Params, registration: Registration, root: str | os.PathLike | N
         challenger_rows = {i: r for i, r in challenger_rows.items() if in_band(r.get("steps"), band)}
         champion_rows = {i: r for i, r in champion_rows.items() if i in challenger_rows}
     ok, numbers = compare_with_champion(
-        item_column(challenger_rows, metric, str(items_path(params, root))),
-        item_column(champion_rows, metric, f"{name} v{champion.version} items"),
+        item_column(challenger_rows, metric, f"{name} v{version} items {mv.tags[ITEMS_TAG]}"),
+        item_column(champion_rows, metric, f"{name} v{champion.version} items "
+                                           + ("(re-evaluated)" if reevaluated else champion.tags[ITEMS_TAG])),
         reg.alpha, reg.min_delta, reg.min_items,
     )
-    numbers.update(metric=metric, test_sha256=ours["test_sha256"] or "unknown", champion_reevaluated=reevaluated,
+    numbers.update(metric=metric, test_sha256=eval_settings(mv.tags)["test_sha256"] or "unknown",
+                   champion_reevaluated=reevaluated, items_checked=checked,
                    target_band=params.evaluate.target_band if band else "all")
     reason = _reason(version, champion.version, ok, numbers, f"{metric} on {band_label(band)}" if band else metric)
     if numbers["n"] and (story := correctness_and_format(challenger_rows, champion_rows, version, champion.version,
                                                          reg.alpha)):
         reason += f". {story}"
-    decision = Decision(name, version, "promoted" if ok else "rejected", reason, champion.version, numbers)
-    _write_decision(client, name, version, decision, move_alias=ok, run_id=registration.run_id)
-    return decision
+    return Decision(name, version, "promoted" if ok else "rejected", reason, champion.version, numbers)
 
 
-def _as_decided(client, mv) -> str:
-    """What is true now about a version an earlier run decided: who is champion, which run decided
-    and when (a version decided before these tags were written names its registering run)."""
-    champion = alias_version(client, mv.name, CHAMPION)
-    if champion is None:
-        now = "no version is champion"
-    elif str(champion.version) == str(mv.version):
-        now = f"v{mv.version} is champion"
-    else:
-        now = f"v{champion.version} is champion, v{mv.version} was {mv.tags[DECISION_TAG]}"
-    run = mv.tags.get(DECIDED_BY_TAG) or mv.tags.get("lineage.pipeline_run_id") or "unknown"
-    when = mv.tags.get(DECIDED_AT_TAG) or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(mv.last_updated_timestamp / 1000))
-    return f"{now}, decided by run {run} on {when}; nothing changed since"
+def _decided(client, mv) -> Decision:
+    return Decision(mv.name, str(mv.version), mv.tags[DECISION_TAG], as_decided(client, mv), mv.tags.get(PREVIOUS_TAG))
 
 
-def force_promote(params: Params, name: str, version: str, reason: str) -> Decision:
-    """Put `champion` on a version by hand; the reason and who did it are tagged."""
-    client = client_for(params)
-    from mlflow.exceptions import MlflowException
+def gate(params: Params, registration: Registration, root: str | os.PathLike | None = None) -> Decision:
+    """Move `champion` to the challenger if the gate passes; the decision is tagged and returned.
 
-    try:
-        client.get_model_version(name, version)
-    except MlflowException:
-        raise RegistryError(f"{name} version {version} does not exist in {resolve_tracking_uri(params)}") from None
-    champion = alias_version(client, name, CHAMPION)
-    before = champion.version if champion else None
-    if before == str(version):
-        raise RegistryError(f"{name} v{version} is already the champion")
-    decision = Decision(name, str(version), "forced", f"forced by {getpass.getuser()}: {reason}", before)
-    _write_decision(client, name, str(version), decision, move_alias=True)
-    return decision
+    Bad input (a version not in the registry, items that cannot be read or do not match their
+    registered hash) is a RegistryError raised before anything is written."""
+    root = Path(root or repo_root())
+    name, version = registration.name, str(registration.version)
+    client = client_for(params, root)
+    mv = model_version(client, name, version)
+    by = f"the gate of v{version}"
+    if DECISION_TAG in mv.tags:  # decided by an earlier run: nothing to do but repair an older race's tags
+        repair_strays(client, name, by)
+        return _decided(client, client.get_model_version(name, version))
+    challenger_rows, checked = registered_items(name, version, mv.tags)
+    reevaluated: dict[str, dict[str, dict[str, Any]]] = {}  # champion version -> its rows on our items
+    while True:
+        with registry_lease(client, name, by) as lease:
+            mv = client.get_model_version(name, version)
+            if DECISION_TAG in mv.tags:  # another checkout gated this version meanwhile
+                return _decided(client, mv)
+            champion = alias_version(client, name, CHAMPION)
+            if champion is not None and champion.version == version:  # an interrupted gate had moved the alias
+                client.set_model_version_tag(name, version, DECISION_TAG, "promoted")
+                return Decision(name, version, "promoted", mv.tags.get(REASON_TAG, "champion alias already on it"))
+            again = (champion is not None and champion.version not in reevaluated
+                     and needs_reevaluation(mv.tags, champion.tags))
+            if champion is None:
+                decision = Decision(name, version, "promoted", f"no champion yet: v{version} becomes champion")
+            elif again and len(reevaluated) == REEVALUATIONS:
+                decision = _superseded(champion, mv, list(reevaluated))
+            elif not again:
+                rows, champion_checked = (reevaluated[champion.version], True) if champion.version in reevaluated \
+                    else registered_items(name, champion.version, champion.tags)
+                decision = _compare(params, mv, champion, challenger_rows, rows, champion.version in reevaluated,
+                                    checked and champion_checked)
+            if not again or len(reevaluated) == REEVALUATIONS:
+                reconcile(client, lease, name, by)
+                client.set_registered_model_alias(name, CHALLENGER, version)
+                write_decision(client, lease, decision, move_alias=decision.decision == "promoted",
+                               run_id=registration.run_id)
+                return decision
+        # outside the lease: a re-evaluation takes minutes, and the others need not wait for it
+        rows = reevaluate(params, name, champion.version, root, eval_settings(mv.tags)["test_sha256"])
+        reevaluated[champion.version] = rows
+        if registration.run_id:  # the pipeline run keeps what the champion scored
+            client.log_dict(registration.run_id, {i: r["correct"] for i, r in rows.items()},
+                            f"promotion/champion_v{champion.version}_items.json")
 
 
-def rollback(params: Params, name: str) -> Decision:
-    """Move `champion` back to the version it replaced (its `promotion.previous_champion` tag)."""
-    client = client_for(params)
-    champion = alias_version(client, name, CHAMPION)
-    if champion is None:
-        raise RegistryError(f"{name} has no champion alias to roll back")
-    previous = champion.tags.get(PREVIOUS_TAG)
-    if not previous:
-        raise RegistryError(f"{name} v{champion.version} replaced no earlier champion; nothing to roll back to")
-    user = getpass.getuser()
-    client.set_model_version_tag(name, champion.version, "rollback.reason", f"rolled back by {user} to v{previous}")
-    client.set_registered_model_alias(name, CHAMPION, previous)
-    client.set_model_version_tag(name, previous, "rollback.restored_from", champion.version)
-    return Decision(name, previous, "rollback", f"champion moved back from v{champion.version} to v{previous}",
+def _superseded(champion, mv, tried: list[str]) -> Decision:
+    """The champion moved during each of the gate's re-evaluations: the race is lost, said so."""
+    run = champion.tags.get(DECIDED_BY_TAG)
+    how = f"by run {run}" if run else "by hand"
+    return Decision(mv.name, str(mv.version), "superseded",
+                    f"superseded: v{champion.version} was promoted first, {how}, while this gate re-evaluated "
+                    f"{', '.join('v' + v for v in tried)}; v{mv.version} was not compared with it "
+                    f"(`grpoflow promote {mv.name} {mv.version} --reason TEXT` promotes it by hand)",
                     champion.version)
 
 

@@ -11,23 +11,28 @@ It logs the evaluation reports next to the model and creates a version of
 `register.model_name` whose tags carry the lineage and metrics and whose description holds
 the base/SFT/GRPO table. The version is created in one call with all
 its tags; `lineage.dvc_lock_md5` is the idempotency key: a pipeline whose dvc.lock did not change
-makes no new version. The new version gets the alias `challenger`; the `promote` step
-(pipelines/registry/promotion.py) decides whether it becomes `champion`.
+makes no new version. The new version gets the alias `challenger` (under the registry lease,
+pipelines/registry/lease.py); the `promote` step (pipelines/registry/promotion.py) decides whether
+it becomes `champion`, on the items registered with it: `eval.items_uri` names them and
+`eval.items_sha256` records their hash, which `registered_items` checks when it reads them back.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from components.common.errors import RegistryError
+from components.common.errors import InputError, RegistryError
+from components.common.files import sha256_file
 from components.common.params import Params
 from components.common.tracking import configure, package_versions, repo_root
-from components.evaluation.reports import read_comparison, read_items, read_metrics
+from components.evaluation.reports import read_comparison, read_item_rows, read_items, read_metrics
 from components.models import adapters
+from pipelines.registry.lease import registry_lease
 from pipelines.results import Registration
 
 CHAMPION = "champion"
@@ -37,6 +42,7 @@ CHALLENGER = "challenger"
 LINEAGE = "lineage."
 LOCK_TAG = f"{LINEAGE}dvc_lock_md5"  # the idempotency key: one version per dvc.lock
 ITEMS_TAG = "eval.items_uri"
+ITEMS_SHA_TAG = "eval.items_sha256"  # the items file's sha256 at registration: what the gate checks
 # What the version was evaluated on: the gate compares two versions directly only when these match.
 EVAL_KEYS = ("test_sha256", "protocol", "max_new_tokens")
 DECISION_TAG = "promotion.decision"
@@ -79,6 +85,39 @@ def model_dir(params: Params, root: Path) -> Path:
 
 def items_path(params: Params, root: Path) -> Path:
     return root / params.evaluate.output_dir / f"{params.register.model_stage}.items.jsonl"
+
+
+def registered_items(name: str, version: str, tags: dict[str, str]) -> tuple[dict[str, dict[str, Any]], bool]:
+    """The evaluation items registered with a version ({item id: row}, from `eval.items_uri`) and
+    whether they were checked: against `eval.items_sha256`, recorded at registration. A version
+    registered before grpoflow recorded the hash is read unchecked, with a line saying so."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    uri, want = tags.get(ITEMS_TAG), tags.get(ITEMS_SHA_TAG)
+    fix = f"restore that artifact, or delete {name} v{version} and run the pipeline again to register it anew"
+    if not uri:
+        raise RegistryError(f"{name} v{version} has no {ITEMS_TAG} tag: the gate compares the items a version was "
+                            "registered with, and this one was not registered by `grpoflow run`")
+    with tempfile.TemporaryDirectory(prefix="grpoflow-items-") as tmp:
+        try:
+            local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp)
+        except (MlflowException, OSError) as exc:
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RegistryError(f"{name} v{version}: its evaluation items {uri} ({ITEMS_TAG}) cannot be read "
+                                f"({why[:200]}); {fix}") from None
+        got = sha256_file(local)
+        if want and got != want:
+            raise RegistryError(f"{name} v{version}: its evaluation items {uri} have sha256 {got}, not the {want} "
+                                f"recorded at registration ({ITEMS_SHA_TAG}): they changed since; {fix}")
+        if not want:
+            print(f"promotion: {name} v{version} was registered before grpoflow recorded its items' hash "
+                  f"({ITEMS_SHA_TAG}); its items {uri} are used unchecked", flush=True)
+        try:
+            rows = read_item_rows(local)
+        except InputError as exc:
+            raise InputError(str(exc).replace(str(local), uri)) from None
+    return rows, bool(want)
 
 
 def _fmt(value: Any) -> str:
@@ -152,12 +191,20 @@ def find_version(client, name: str, lock_md5: str):
 
 
 def alias_version(client, name: str, alias: str):
+    """The version `alias` points at, or None when the model or the alias does not exist. Any other
+    error (a server error, a timeout) propagates: read as "no champion" it would let a gate set the
+    alias over the real champion."""
     from mlflow.exceptions import MlflowException
 
     try:
         mv = client.get_model_version_by_alias(name, alias)
-    except MlflowException:
-        return None
+    except MlflowException as exc:
+        code = str(exc.error_code)
+        # MLflow's SQL and file stores answer INVALID_PARAMETER_VALUE "Registered model alias X not found."
+        if "RESOURCE_DOES_NOT_EXIST" in code or (
+                "INVALID_PARAMETER_VALUE" in code and f"alias {alias} not found" in str(exc)):
+            return None
+        raise
     # MLflow 3 returns the version as an int here and as a str elsewhere.
     return SimpleNamespace(version=str(mv.version), tags=dict(mv.tags), run_id=mv.run_id)
 
@@ -234,6 +281,7 @@ def register(params: Params, lineage: dict[str, str], run_id: str, root: str | o
     if not items.is_file():
         raise RegistryError(f"{items}: evaluation items missing; the promotion gate needs them (run the evaluate stage)")
     read_items(items)  # fail before registering anything if the file is malformed
+    items_sha256 = sha256_file(items)  # before the upload: what the gate will find, unless changed after
     metrics = read_metrics(eval_dir)
     comparison = read_comparison(eval_dir)
 
@@ -265,6 +313,7 @@ def register(params: Params, lineage: dict[str, str], run_id: str, root: str | o
         **metric_tags(metrics),
         **{f"eval.{k}": str(evaluated[k]) for k in EVAL_KEYS if k in evaluated},
         ITEMS_TAG: f"{run.info.artifact_uri.rstrip('/')}/{EVAL_ARTIFACTS}/{items.name}",
+        ITEMS_SHA_TAG: items_sha256,
         f"{LINEAGE}model_stage": params.register.model_stage,
         f"{LINEAGE}pipeline_run_id": run_id,
         KIND_TAG: "adapter" if adapter else "full",
@@ -278,5 +327,6 @@ def register(params: Params, lineage: dict[str, str], run_id: str, root: str | o
         description=metrics_table(metrics, comparison),
         model_id=info.model_id,
     )
-    client.set_registered_model_alias(name, CHALLENGER, str(mv.version))
+    with registry_lease(client, name, f"register v{mv.version}"):
+        client.set_registered_model_alias(name, CHALLENGER, str(mv.version))
     return Registration(name, str(mv.version), created=True, run_id=run_id)

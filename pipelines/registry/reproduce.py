@@ -38,6 +38,7 @@ from components.common.tracking import TAG_PREFIX, configure, is_timing, package
 from components.evaluation.reports import read_metrics
 from pipelines.execution.dvc_ops import default_remote, stage_env
 from pipelines.execution.gitrepo import has_commit, working_copy
+from pipelines.execution.services import check_remote
 from pipelines.params.config import load_params
 
 METRIC_TAG = "metric."
@@ -228,6 +229,7 @@ def reproduce(params: Params, name: str, version: str, workdir: str | None, from
         env.pop(key, None)
     if from_cache:
         print(f"restoring the outputs from the DVC remote {local_remote(root, dest)}", flush=True)
+        check_remote(dest)  # one line within the budget, not DVC's own retries, when it does not answer
         steps = [["pull"], ["repro", "--force", "--single-item", "evaluate"]]
     else:
         steps = [["repro", "--force", "--no-run-cache"]]

@@ -23,7 +23,6 @@ needs an API key (`--api-key KEY` or VLLM_API_KEY): vLLM then answers only reque
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import os
 import shlex
@@ -36,11 +35,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from components.common.errors import BackendError, ConfigError, EvaluationError
+from components.common.errors import BackendError, EvaluationError
 from components.common.params import Params
 from components.evaluation.vllm_backend import vllm_server_command, worker_env
 from components.models.resolve import registered_version, resolve_model
 from components.problems.gsm8k import build_messages
+from pipelines.execution import services
 from pipelines.params.config import load_params
 
 DEFAULT_MODEL = "models:/grpoflow-policy@champion"
@@ -54,27 +54,10 @@ READY_TIMEOUT_S = 900.0
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable: its server reads it when --api-key is not given
 
 
-def is_loopback(host: str) -> bool:
-    """True when a server bound to `host` answers this machine only.
-
-    >>> [is_loopback(h) for h in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "", "10.0.0.5", "myhost")]
-    [True, True, True, False, False, False, False]
-    """
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # "" (every interface) or a name that may resolve to anything
-
-
 def check_bind(host: str, api_key: str | None) -> None:
     """Refuse to put a model on the network without a key; loopback stays key-free."""
-    if not api_key and not is_loopback(host):
-        raise ConfigError(
-            f"--host {host or '(every interface)'} is reachable from the network: give an API key with --api-key KEY "
-            f"or {API_KEY_ENV}=KEY (clients send it as 'Authorization: Bearer KEY'), or bind to 127.0.0.1"
-        )
+    services.require_auth_beyond_loopback(host, bool(api_key), f"give an API key with --api-key KEY or {API_KEY_ENV}=KEY (clients "
+                                          "send it as 'Authorization: Bearer KEY')")
 
 
 def served_name(spec: str, registered: tuple[str, str] | None) -> str:

@@ -24,7 +24,7 @@ def grpoflow_run(cwd: Path, log: Path) -> subprocess.Popen:
     )
 
 
-def test_two_concurrent_runs_on_one_checkout(tmp_path):
+def test_of_two_concurrent_runs_on_one_checkout_one_works_and_the_other_skips(tmp_path):
     import mlflow
 
     toy = make_toy_repo(tmp_path / "repo", make_tiny_model(tmp_path / "model"))
