@@ -147,6 +147,17 @@ def decode_read_bytes(model: Any, tokens: dict[str, float], linear: int, weight_
     return tokens.get("decode_steps", 0) * (linear * weight_bytes + seqs * context * kv_per_token)
 
 
+def optimizer_steps_per_generation(args: Any) -> int:
+    """Optimizer steps that share one generation batch: steps_per_generation micro-batches, of which
+    gradient_accumulation_steps make one step (8 and 8: one on-policy step of the whole batch).
+
+    >>> from types import SimpleNamespace as A
+    >>> [optimizer_steps_per_generation(A(steps_per_generation=8, gradient_accumulation_steps=g)) for g in (1, 2, 8)]
+    [8, 4, 1]
+    """
+    return max(args.steps_per_generation // args.gradient_accumulation_steps, 1)
+
+
 def build_trainer(workdir: Path, overrides: list[str], generations: int, clock: StepClock):
     """The GRPO stage's trainer from the base model, as components/grpo.py builds it (no MLflow, no
     checkpoints), for `generations` generation batches (each trainer.steps_per_generation steps)."""
@@ -158,7 +169,7 @@ def build_trainer(workdir: Path, overrides: list[str], generations: int, clock: 
     os.chdir(workdir)
     params = load_params("params.yaml", [*overrides, "grpo.init_dir=models/base"])
     args, peft_config = grpo.trainer_settings(params)
-    bench_args(args, generations * args.steps_per_generation, workdir / "checkpoints").log_completions = False
+    bench_args(args, generations * optimizer_steps_per_generation(args), workdir / "checkpoints").log_completions = False
     model, tokenizer, _base, _inputs, (args, peft_config) = grpo.start_model(params, (args, peft_config))
     rows = read_split(Path(params.data.output_dir) / "grpo.jsonl")
     dataset = grpo.prompt_dataset(rows, tokenizer)
@@ -178,7 +189,7 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
 
     clock = StepClock()
     trainer, params = build_trainer(workdir, overrides, warmup + steps, clock)
-    per_generation = trainer.args.steps_per_generation
+    per_generation = optimizer_steps_per_generation(trainer.args)
     seqs = trainer.args.generation_batch_size // per_generation  # completions a step trains (all kept)
     with redirect_stdout(sys.stderr):  # the trainer's log lines: stdout keeps the JSON only
         trainer.train()
