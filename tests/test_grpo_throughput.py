@@ -21,7 +21,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from components.common.files import jsonl_bytes  # noqa: E402
 from components.common.params import DataParams, ModelParams  # noqa: E402
 from pipelines.params.config import load_params  # noqa: E402
 

@@ -61,7 +61,12 @@ def supported(generation_config: Any) -> bool:
 
 def warpers(generation_config: Any) -> list[Any]:
     """transformers' logits warpers for these settings, in `generate`'s order."""
-    from transformers.generation import MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    from transformers.generation import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     cfg, out = generation_config, []
     if cfg.temperature is not None and cfg.temperature != 1.0:
