@@ -64,7 +64,7 @@ def test_a_right_answer_from_wrong_work_counts_as_correct_but_not_checked():
     res = metrics.compare(rows["grpo"], rows["sft"], "accuracy_flexible")
     assert res["by_metric"]["accuracy_checked"]["delta"] == 2 / 40
     line = reports.headline("grpo", "sft", res["by_metric"])
-    assert "accuracy_checked (right, no equation shown wrong) 0.0% -> 5.0%" in line
+    assert line.startswith("accuracy_checked (right, no equation shown wrong) sft 0.0% -> grpo 5.0%, +5.0 points (95% CI ")
     assert line.endswith("correctness rose, but not with work that holds: most new right answers come with wrong equations")
     # items files written before the column: no checked metric, the verdict as before
     old = [{k: v for k, v in r.items() if k != "correct_checked"} for r in rows["grpo"]]

@@ -114,6 +114,42 @@ def test_compare_pairs_items_by_id():
     assert res["by_metric"]["accuracy_flexible"]["delta"] == 0.0
 
 
+
+def test_dvc_metrics_state_the_target_bands_change_under_the_models_own_columns(tmp_path):
+    """`dvc metrics show` gives every key a column: GRPO's change from SFT is four rows in the keys of the models'
+    headline files (metrics/grpo_vs_sft.delta|ci95_low|ci95_high|p_value.json, declared in dvc.yaml), checked
+    accuracy and correctness on the target band and on the other bands, the format's change apart."""
+    import yaml
+
+    from components.evaluation.reports import PAIR_STATISTICS, write_reports
+
+    def items(right: int, checked: int, tagged: int) -> list[dict]:
+        """20 problems of 3 steps (the target band), then 20 of 1 step; the first `right` of each right."""
+        return [{"id": f"q{i}", "steps": 3 if i < 20 else 1, "correct": i % 20 < right and i < tagged,
+                 "correct_flexible": i % 20 < right, "correct_checked": i % 20 < checked, "format_ok": i < tagged,
+                 "completion_tokens": 5} for i in range(40)]
+
+    results = {name: ({**metrics.item_metrics(it), **metrics.band_metrics(it, "3")}, it)
+               for name, it in (("sft", items(4, 2, 30)), ("grpo", items(12, 9, 40)))}
+    comparison = evaluate.comparisons(results, "accuracy_strict", "3")
+    write_reports(tmp_path, results, comparison)
+    headline = json.loads((tmp_path / "metrics/grpo.json").read_text())
+    assert headline["target_accuracy_checked"] == 9 / 20 and headline["in_band_accuracy_checked"] == 9 / 20
+    rows = {s: json.loads((tmp_path / f"metrics/grpo_vs_sft.{s}.json").read_text()) for s in PAIR_STATISTICS}
+    assert set().union(*rows.values()) <= set(headline)  # no column of their own
+    for key, part, metric in (("target_accuracy_checked", "target", "accuracy_checked"),
+                              ("target_accuracy_flexible", "target", "accuracy_flexible"),
+                              ("in_band_accuracy_checked", "in_band", "accuracy_checked"),
+                              ("in_band_accuracy_flexible", "in_band", "accuracy_flexible")):
+        res = comparison["grpo_vs_sft"][part]["by_metric"][metric]
+        assert [rows[s][key] for s in PAIR_STATISTICS] == [res["delta"], *res["ci95"], res["p_value"]], key
+    assert rows["delta"]["target_accuracy_checked"] == 7 / 20 and rows["p_value"]["target_accuracy_checked"] < 0.05
+    assert rows["delta"]["format_rate"] == 1.0 - 0.75 and "format_rate" not in rows["p_value"]
+    declared = yaml.safe_load((Path(__file__).resolve().parents[1] / "dvc.yaml").read_text())
+    files = [next(iter(m)) for m in declared["stages"]["evaluate"]["metrics"]]
+    assert [f"${{evaluate.output_dir}}/metrics/grpo_vs_sft.{s}.json" for s in PAIR_STATISTICS] == files[2:]
+
+
 # --------------------------------------------------------------------------- lm-eval-gsm8k
 
 

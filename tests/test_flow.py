@@ -447,3 +447,47 @@ def test_summary_states_correctness_and_format_apart():
     results["grpo"] = (score(items(right=120, tagged=596)), items(right=120, tagged=596))
     summary.metrics["grpo"], summary.comparison = results["grpo"][0], comparisons(results, "accuracy_strict")
     assert format_run_summary(summary).split("grpo vs sft: ")[1].splitlines()[0].endswith(": correctness rose")
+
+
+def test_summary_states_the_target_bands_checked_accuracy_first_with_its_interval_and_p_value():
+    """With a target band, each band's line starts with the change in checked accuracy (the answer right and
+    no equation shown wrong), then correctness, each with its 95% interval and exact McNemar p, the format
+    stated apart; the target band's line comes first, the other bands' after it. The MLflow description
+    says the same."""
+    from components.evaluate import comparisons
+    from components.evaluation.metrics import band_metrics, item_metrics
+    from pipelines.flow.summary import format_run_summary, summary_markdown
+    from pipelines.results import NotRegistered, RunSummary
+
+    def items(right: int, checked: int, right_other: int) -> list[dict[str, object]]:
+        """100 problems of 3 steps (the target band), then 300 of 1 or 2 steps."""
+        rows = []
+        for i in range(400):
+            band = i < 100
+            ok = i < right if band else i - 100 < right_other
+            rows.append({"id": f"q{i}", "steps": 3 if band else 1 + i % 2, "correct": ok, "correct_flexible": ok,
+                         "correct_checked": ok and (i < checked or not band), "format_ok": True,
+                         "completion_tokens": 10})
+        return rows
+
+    results = {"sft": items(right=15, checked=12, right_other=270), "grpo": items(right=31, checked=27, right_other=272)}
+    results = {m: ({**item_metrics(it), **band_metrics(it, "3")}, it) for m, it in results.items()}
+    summary = RunSummary(
+        name="abc1234", run_id="r", experiment_id="1", tracking_uri="sqlite:///mlflow.db", pull="skipped",
+        push="skipped", stages=[], metrics={m: r[0] for m, r in results.items()},
+        comparison=comparisons(results, "accuracy_strict", "3"), registration=NotRegistered("register.enabled is false"),
+        decision=None, reports={}, alpha=0.05,
+    )
+    lines = [x for x in format_run_summary(summary).splitlines() if x.startswith("  grpo vs sft")]
+    change = r"\+[\d.]+ points \(95% CI \+[\d.]+ to \+[\d.]+\), exact McNemar p = [\d.e-]+"
+    assert re.fullmatch(
+        r"  grpo vs sft, target band \(3 steps\), n = 100: "
+        rf"accuracy_checked \(right, no equation shown wrong\) sft 12\.0% -> grpo 27\.0%, {change}; "
+        rf"correctness \(accuracy_flexible, the answer is right\) 15\.0% -> 31\.0%, {change}; "
+        r"format \(the answer is tagged\) 100\.0% -> 100\.0%; accuracy_strict .*: correctness rose", lines[0]), lines
+    assert lines[1].startswith("  grpo vs sft, other bands, n = 300: accuracy_checked (right, no equation shown wrong) "
+                               "sft 90.0% -> grpo 90.7%, +0.7 points (95% CI "), lines
+    assert len(lines) == 2
+    description = summary_markdown(summary)
+    assert "**grpo vs sft, target band (3 steps), n = 100** (same items): accuracy_checked (right, no equation " \
+           "shown wrong) sft 12.0% -> grpo 27.0%" in description

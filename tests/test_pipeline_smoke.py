@@ -21,8 +21,9 @@ from pathlib import Path
 
 from tests.project_repo import git, make_project_repo, prefect_servers, run_ok
 
+PAIR_ROWS = [f"reports/eval/metrics/grpo_vs_sft.{s}.json" for s in ("delta", "ci95_low", "ci95_high", "p_value")]
 TRACKED = [  # the headline metrics and the plot data
-    "reports/eval/metrics/sft.json", "reports/eval/metrics/grpo.json", "reports/eval/accuracy.csv",
+    "reports/eval/metrics/sft.json", "reports/eval/metrics/grpo.json", *PAIR_ROWS, "reports/eval/accuracy.csv",
     "reports/eval/accuracy_by_steps.csv",
     "reports/train/selection.json", "reports/train/selection_pass_rates.csv", "reports/train/sft_history.csv",
     "reports/train/grpo_history.csv",
@@ -48,9 +49,12 @@ def test_a_small_pipeline_runs_registers_and_shows_its_results(tmp_path):
     for stage in ("data", "model", "sft", "grpo", "evaluate"):
         assert f"{stage:<10} ran" in out, out[-3000:]
     assert "grpoflow-policy v1 registered" in out and "promotion: promoted" in out
-    # evaluate.target_band (3 steps): the headline is the band's, the other bands' change stated beside it
-    assert re.search(r"grpo vs sft, target band \(3 steps\), n = \d+: correctness", out), out[-3000:]
-    assert re.search(r"grpo vs sft, other bands, n = \d+: correctness", out), out[-3000:]
+    # evaluate.target_band (3 steps): the headline is the band's, checked accuracy first, then correctness, each
+    # with its interval and p-value; the other bands' change stated beside it
+    checked_then_correctness = (r"accuracy_checked \(right, no equation shown wrong\) sft [\d.]+% -> grpo [\d.]+%, "
+                                r"[+-][\d.]+ points \(95% CI [^)]+\), exact McNemar p = [\d.e-]+; correctness \(")
+    assert re.search(rf"grpo vs sft, target band \(3 steps\), n = \d+: {checked_then_correctness}", out), out[-3000:]
+    assert re.search(rf"grpo vs sft, other bands, n = \d+: {checked_then_correctness}", out), out[-3000:]
     client = mlflow.MlflowClient()
     assert str(client.get_model_version_by_alias("grpoflow-policy", "champion").version) == "1"
 
@@ -63,12 +67,14 @@ def test_a_small_pipeline_runs_registers_and_shows_its_results(tmp_path):
     status = git(repo, "status", "--porcelain", "--untracked-files=all").splitlines()
     assert sorted(f for f in TRACKED if f"?? {f}" in status) == sorted(TRACKED)
     assert not [line for line in status if "items.jsonl" in line or "models/" in line or line[3:] in CACHED]
-    # `dvc metrics show` is the headline, readable in a 200-column terminal; a summary is one name away.
+    # `dvc metrics show` is the headline, readable in a 270-column terminal (one column per key: GRPO's change
+    # from SFT is four rows under the models' columns, not columns of its own); a summary is one name away.
     shown = subprocess.run([sys.executable, "-m", "dvc", "metrics", "show"], cwd=repo, capture_output=True,
                            text=True, check=True).stdout
-    assert max(len(line) for line in shown.splitlines()) <= 200, shown
-    assert {"target_accuracy_flexible", "target_accuracy_strict", "target_n", "in_band_accuracy_flexible", "format_rate",
-            "kept", "reports/eval/metrics/grpo.json"} <= set(shown.split()), shown
+    assert max(len(line) for line in shown.splitlines()) <= 270, shown
+    assert {"target_accuracy_checked", "target_accuracy_flexible", "target_accuracy_strict", "target_n",
+            "in_band_accuracy_checked", "in_band_accuracy_flexible", "format_rate", "kept",
+            "reports/eval/metrics/grpo.json", *PAIR_ROWS} <= set(shown.split()), shown
     full = subprocess.run([sys.executable, "-m", "dvc", "metrics", "show", "reports/eval/grpo.json"], cwd=repo,
                           capture_output=True, text=True, check=True).stdout
     assert "pass_at_k_flexible" in full and "sampled_accuracy_flexible" in full

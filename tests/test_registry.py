@@ -337,6 +337,48 @@ def test_gate_says_when_the_gain_is_format_and_uses_the_metric_param(repo):
     assert reason.endswith("the gain is format, not correctness")
 
 
+
+def test_gate_states_the_target_bands_checked_accuracy_first_then_correctness_then_the_other_bands(repo):
+    """With evaluate.target_band the gate decides on strict accuracy on the band as before, and its reason
+    restates the change as the run summary does: on the band, checked accuracy first, then correctness,
+    each with its 95% interval and exact McNemar p, the format apart; then the other bands' change."""
+    params = load_params()  # evaluate.target_band: 3
+    configure(params)
+
+    def write(right: int, checked: int, right_other: int) -> None:
+        """100 items of 3 steps (the band), then 200 of 1 or 2 steps, every answer tagged."""
+        ev = repo / "reports" / "eval"
+        ev.mkdir(parents=True, exist_ok=True)
+        rows = []
+        for i in range(300):
+            band = i < 100
+            ok = i < right if band else i - 100 < right_other
+            rows.append({"id": f"q{i}", "completion": "x", "extracted": "1", "steps": 3 if band else 1 + i % 2,
+                         "correct": ok, "correct_flexible": ok, "correct_checked": ok and (i < checked or not band),
+                         "format_ok": True})
+        (ev / "grpo.items.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (ev / "grpo.json").write_text(json.dumps({"accuracy_strict": sum(r["correct"] for r in rows) / 300, "n": 300,
+                                                  **EVALUATED_ON}))
+        (ev / "sft.json").write_text(json.dumps({"accuracy_strict": 0.1, "n": 300}))
+
+    write(right=15, checked=12, right_other=180)
+    gate(params, register(params, lineage("c" * 32), new_run(params), repo), repo)
+    write(right=31, checked=27, right_other=181)
+    decision = gate(params, register(params, lineage("d" * 32), new_run(params), repo), repo)
+    assert decision.decision == "promoted" and decision.numbers["metric"] == "accuracy_strict"
+    assert decision.numbers["n"] == 100 and decision.numbers["delta"] == 0.16
+    reason = registry(params).get_model_version("grpoflow-policy", "2").tags["promotion.reason"]
+    assert reason.startswith("v2 accuracy_strict on 3 steps 0.3100 vs champion v1 0.1500 on 100 shared items")
+    change = r"\+[\d.]+ points \(95% CI \+[\d.]+ to \+[\d.]+\), exact McNemar p = [\d.e-]+"
+    assert re.search(r"promoted\. Target band \(3 steps\), n = 100: accuracy_checked \(right, no equation shown wrong\) "
+                     rf"champion v1 12\.0% -> v2 27\.0%, {change}; correctness \(accuracy_flexible, the answer is "
+                     rf"right\) 15\.0% -> 31\.0%, {change}; format \(the answer is tagged\) 100\.0% -> 100\.0%; "
+                     r"accuracy_strict \(right and tagged\) 15\.0% -> 31\.0%, \+16\.0 points, p = [\d.e-]+: correctness rose\. "
+                     r"Other bands, n = 200: "
+                     r"accuracy_checked \(right, no equation shown wrong\) champion v1 90\.0% -> v2 90\.5%, \+0\.5 points "
+                     r"\(95% CI ", reason), reason
+
+
 def test_gate_on_flexible_names_items_without_the_column(repo):
     params = load_params(overrides=["evaluate.primary_metric=accuracy_flexible"])
     write_eval(repo, [i < 40 for i in range(100)])  # items without correct_flexible

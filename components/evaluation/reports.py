@@ -4,8 +4,11 @@ read by the registry, the promotion gate and the run summary.
 In `evaluate.output_dir`: `<model>.json` (every metric of the model), `<model>.items.jsonl`
 (one scored row per problem; the promotion gate pairs items by id), `comparison.json`,
 `accuracy.csv` (accuracy per model and metric with its Wilson interval: the data of the accuracy
-plot in dvc.yaml) and `metrics/<model>.json` (the headline: correctness, format and n; the DVC
-metrics files, small enough that `dvc metrics show` fits a terminal).
+plot in dvc.yaml), `metrics/<model>.json` (the headline: checked accuracy, correctness, strict
+accuracy, format and n) and `metrics/<a>_vs_<b>.<statistic>.json` (each pair's paired change of the
+same keys: its delta, the ends of its 95% interval, its p-value). These are the DVC metrics files:
+`dvc metrics show` puts every key in a column of its own, so the pair's four files are four rows
+under the models' own columns rather than a dozen columns more.
 All files of one evaluation appear together (components/common/files.py `write_files`).
 """
 
@@ -25,11 +28,17 @@ COMPARISON = "comparison"
 ACCURACY_CSV = "accuracy.csv"
 ACCURACY_METRICS = {"strict": "accuracy_strict", "flexible": "accuracy_flexible", "checked": "accuracy_checked"}
 HEADLINE_DIR = "metrics"  # `<eval dir>/metrics/<model>.json`: what dvc.yaml declares as metrics
-HEADLINE_KEYS = ("accuracy_flexible", "accuracy_strict", "format_rate", "n")
-# With evaluate.target_band the headline is the band's: correctness there, on the other bands, and format.
-BAND_HEADLINE_KEYS = {"target_accuracy_flexible": ("target", "accuracy_flexible"),
+HEADLINE_KEYS = ("accuracy_checked", "accuracy_flexible", "accuracy_strict", "format_rate", "n")
+# With evaluate.target_band the headline is the band's: checked accuracy and correctness there, then on the
+# other bands; the format apart.
+BAND_HEADLINE_KEYS = {"target_accuracy_checked": ("target", "accuracy_checked"),
+                      "target_accuracy_flexible": ("target", "accuracy_flexible"),
                       "target_accuracy_strict": ("target", "accuracy_strict"), "target_n": ("target", "n"),
+                      "in_band_accuracy_checked": ("in_band", "accuracy_checked"),
                       "in_band_accuracy_flexible": ("in_band", "accuracy_flexible")}
+# `metrics/<a>_vs_<b>.<statistic>.json`: one file per statistic of the pair's paired change (comparison.json's
+# `delta`, `ci95` split in its two ends, `p_value`), each under the keys of the models' headline files.
+PAIR_STATISTICS = ("delta", "ci95_low", "ci95_high", "p_value")
 STEPS_CSV = "accuracy_by_steps.csv"  # flexible accuracy per step count, one column per model: a dvc plot
 
 
@@ -43,26 +52,76 @@ def write_reports(out_dir: str | os.PathLike, results: Results, comparison: dict
         files[f"{HEADLINE_DIR}/{name}.json"] = json_bytes(headline_metrics(metrics))
     if comparison is not None:
         files[f"{COMPARISON}.json"] = json_bytes(comparison)
+        for pair, res in comparison.items():
+            a, b = pair.split("_vs_", 1)
+            rows = pair_headline_metrics(res, results[a][0], results[b][0])
+            for statistic in PAIR_STATISTICS:
+                files[pair_headline_file(pair, statistic)] = json_bytes(rows[statistic])
     files[ACCURACY_CSV] = csv_bytes(accuracy_rows({name: m for name, (m, _) in results.items()}))
     files[STEPS_CSV] = csv_bytes(steps_rows({name: m for name, (m, _) in results.items()}))
     return write_files(out_dir, files)
 
 
 def headline_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """The few metrics `dvc metrics show` lists per model: correctness, format and the number of items;
-    with a target band, correctness on the band and on the other bands instead of over all items.
+    """The few metrics `dvc metrics show` lists per model: checked accuracy (where the items carry it),
+    correctness, strict accuracy, format and the number of items; with a target band, the accuracies on
+    the band and on the other bands instead of over all items.
 
     >>> headline_metrics({"accuracy_flexible": 0.5, "accuracy_strict": 0.25, "format_rate": 0.5, "n": 4, "load_seconds": 2.0})
     {'accuracy_flexible': 0.5, 'accuracy_strict': 0.25, 'format_rate': 0.5, 'n': 4}
-    >>> headline_metrics({"format_rate": 1.0, "target": {"accuracy_flexible": 0.2, "accuracy_strict": 0.2, "n": 5},
-    ...                   "in_band": {"accuracy_flexible": 0.9}})
-    {'target_accuracy_flexible': 0.2, 'target_accuracy_strict': 0.2, 'target_n': 5, 'in_band_accuracy_flexible': 0.9, 'format_rate': 1.0}
+    >>> headline_metrics({"format_rate": 1.0, "target": {"accuracy_checked": 0.1, "accuracy_flexible": 0.2,
+    ...                   "accuracy_strict": 0.2, "n": 5}, "in_band": {"accuracy_checked": 0.8, "accuracy_flexible": 0.9}})
+    {'target_accuracy_checked': 0.1, 'target_accuracy_flexible': 0.2, 'target_accuracy_strict': 0.2, 'target_n': 5, 'in_band_accuracy_checked': 0.8, 'in_band_accuracy_flexible': 0.9, 'format_rate': 1.0}
     """
     if "target" in metrics:
         out = {key: metrics[part][name] for key, (part, name) in BAND_HEADLINE_KEYS.items()
                if name in metrics.get(part, {})}
         return {**out, "format_rate": metrics["format_rate"]} if "format_rate" in metrics else out
     return {key: metrics[key] for key in HEADLINE_KEYS if key in metrics}
+
+
+def pair_headline_file(pair: str, statistic: str) -> str:
+    """Where a pair's statistic goes in the evaluation folder.
+
+    >>> pair_headline_file("grpo_vs_sft", "p_value")
+    'metrics/grpo_vs_sft.p_value.json'
+    """
+    return f"{HEADLINE_DIR}/{pair}.{statistic}.json"
+
+
+def pair_headline_metrics(pair: dict[str, Any], metrics_a: dict[str, Any], metrics_b: dict[str, Any]
+                          ) -> dict[str, dict[str, float]]:
+    """{statistic: {key: value}}: the paired change from model b to a (a comparison.json pair) under the
+    keys of `headline_metrics`, one row per statistic of PAIR_STATISTICS, so that `dvc metrics show`
+    lists it under the models' own columns: the delta, the 95% interval's ends (Newcombe) and the exact
+    McNemar p of each accuracy (on the target band and the other bands where there is a band), and the
+    format rate's change apart (a difference of the models' rates, no paired test).
+
+    >>> by = {"accuracy_checked": {"delta": 0.15, "ci95": [0.06, 0.24], "p_value": 0.001},
+    ...       "accuracy_flexible": {"delta": 0.16, "ci95": [0.07, 0.25], "p_value": 0.0008}}
+    >>> rows = pair_headline_metrics({"target": {"by_metric": by}, "in_band": {"by_metric": {"accuracy_flexible":
+    ...     {"delta": -0.01, "ci95": [-0.04, 0.02], "p_value": 0.6}}}}, {"format_rate": 1.0}, {"format_rate": 0.75})
+    >>> rows["delta"]
+    {'target_accuracy_checked': 0.15, 'target_accuracy_flexible': 0.16, 'in_band_accuracy_flexible': -0.01, 'format_rate': 0.25}
+    >>> rows["ci95_low"], rows["p_value"]
+    ({'target_accuracy_checked': 0.06, 'target_accuracy_flexible': 0.07, 'in_band_accuracy_flexible': -0.04}, {'target_accuracy_checked': 0.001, 'target_accuracy_flexible': 0.0008, 'in_band_accuracy_flexible': 0.6})
+    """
+    if "target" in pair:
+        keys = {key: (part, name) for key, (part, name) in BAND_HEADLINE_KEYS.items() if name != "n"}
+    else:
+        keys = {key: (None, key) for key in HEADLINE_KEYS if key.startswith("accuracy_")}
+    rows: dict[str, dict[str, float]] = {statistic: {} for statistic in PAIR_STATISTICS}
+    for key, (part, name) in keys.items():
+        res = ((pair.get(part) if part else pair) or {}).get("by_metric", {}).get(name)
+        if not res:
+            continue
+        rows["delta"][key] = res["delta"]
+        if res.get("ci95"):
+            rows["ci95_low"][key], rows["ci95_high"][key] = res["ci95"]
+        rows["p_value"][key] = res["p_value"]
+    if "format_rate" in metrics_a and "format_rate" in metrics_b:
+        rows["delta"]["format_rate"] = metrics_a["format_rate"] - metrics_b["format_rate"]
+    return rows
 
 
 def scored_steps(metrics: dict[str, dict[str, Any]]) -> list[int]:
@@ -195,32 +254,37 @@ def verdict(strict: dict[str, Any] | None, flexible: dict[str, Any] | None, alph
 
 def headline(a: str, b: str, by_metric: dict[str, dict[str, Any]], format_a: float | None = None,
              format_b: float | None = None, alpha: float = 0.05) -> str:
-    """One line comparing model `a` with `b` (from b to a) on the same items: correctness (flexible accuracy) first,
-    format (the answer is tagged) apart, strict accuracy (both), then the verdict in words.
+    """One line comparing model `a` with `b` (from b to a) on the same items: checked accuracy first (the
+    answer right and no equation shown wrong), then correctness (flexible accuracy), each with its paired
+    95% interval and exact McNemar p; format (the answer is tagged) apart, strict accuracy (both), then the
+    verdict in words. Items scored before checked accuracy existed start with correctness.
 
     >>> by = {"accuracy_flexible": {"accuracy_a": 0.12, "accuracy_b": 0.132, "delta": -0.012, "ci95": [-0.04, 0.016],
     ...                             "p_value": 0.4},
     ...       "accuracy_strict": {"accuracy_a": 0.12, "accuracy_b": 0.025, "delta": 0.095, "p_value": 1.4e-13}}
     >>> print(headline("grpo", "sft", by, 0.993, 0.288))
     correctness (accuracy_flexible, the answer is right) sft 13.2% -> grpo 12.0%, -1.2 points (95% CI -4.0 to +1.6), exact McNemar p = 0.4; format (the answer is tagged) 28.8% -> 99.3%; accuracy_strict (right and tagged) 2.5% -> 12.0%, +9.5 points, p = 1.4e-13: the gain is format, not correctness
+    >>> by["accuracy_checked"] = {"accuracy_a": 0.09, "accuracy_b": 0.11, "delta": -0.02, "ci95": [-0.05, 0.01],
+    ...                           "p_value": 0.21}
+    >>> print(headline("grpo", "sft", by, 0.993, 0.288))
+    accuracy_checked (right, no equation shown wrong) sft 11.0% -> grpo 9.0%, -2.0 points (95% CI -5.0 to +1.0), exact McNemar p = 0.21; correctness (accuracy_flexible, the answer is right) 13.2% -> 12.0%, -1.2 points (95% CI -4.0 to +1.6), exact McNemar p = 0.4; format (the answer is tagged) 28.8% -> 99.3%; accuracy_strict (right and tagged) 2.5% -> 12.0%, +9.5 points, p = 1.4e-13: the gain is format, not correctness
     """
     parts = []
     flex, strict = by_metric.get("accuracy_flexible"), by_metric.get("accuracy_strict")
     checked = by_metric.get("accuracy_checked")
-    if flex:
-        ci = flex.get("ci95")
-        interval = f" (95% CI {100 * ci[0]:+.1f} to {100 * ci[1]:+.1f})" if ci else ""
-        parts.append(f"correctness (accuracy_flexible, the answer is right) {b} {_pct(flex['accuracy_b'])} -> "
-                     f"{a} {_pct(flex['accuracy_a'])}, {100 * flex['delta']:+.1f} points{interval}, "
-                     f"exact McNemar p = {flex['p_value']:.2g}")
+    for label, res in (("accuracy_checked (right, no equation shown wrong)", checked),
+                       ("correctness (accuracy_flexible, the answer is right)", flex)):
+        if res:
+            ci = res.get("ci95")
+            interval = f" (95% CI {100 * ci[0]:+.1f} to {100 * ci[1]:+.1f})" if ci else ""
+            before, after = (f"{b} ", f"{a} ") if not parts else ("", "")  # the first change names the models
+            parts.append(f"{label} {before}{_pct(res['accuracy_b'])} -> {after}{_pct(res['accuracy_a'])}, "
+                         f"{100 * res['delta']:+.1f} points{interval}, exact McNemar p = {res['p_value']:.2g}")
     if format_a is not None and format_b is not None:
         parts.append(f"format (the answer is tagged) {_pct(format_b)} -> {_pct(format_a)}")
     if strict:
         parts.append(f"accuracy_strict (right and tagged) {_pct(strict['accuracy_b'])} -> {_pct(strict['accuracy_a'])}, "
                      f"{100 * strict['delta']:+.1f} points, p = {strict['p_value']:.2g}")
-    if checked:
-        parts.append(f"accuracy_checked (right, no equation shown wrong) {_pct(checked['accuracy_b'])} -> "
-                     f"{_pct(checked['accuracy_a'])}, {100 * checked['delta']:+.1f} points, p = {checked['p_value']:.2g}")
     return "; ".join(parts) + f": {verdict(strict, flex, alpha, checked)}"
 
 

@@ -23,9 +23,11 @@ from components.common.tracking import ui_address
 from components.evaluation.reports import (
     ACCURACY_CSV,
     HEADLINE_DIR,
+    PAIR_STATISTICS,
     STEPS_CSV,
     band_headlines,
     headline,
+    pair_headline_file,
     read_comparison,
     read_metrics,
 )
@@ -88,8 +90,10 @@ def run_summary(
 
 
 def headlines(s: RunSummary) -> list[tuple[str, str]]:
-    """One line per compared pair (GRPO vs SFT first): correctness and format stated apart, and in
-    words when strict accuracy rose but correctness did not ("the gain is format, not correctness")."""
+    """One line per compared pair (GRPO vs SFT first), one per band with a target band (the target band
+    first, then the other bands): checked accuracy first, then correctness, each with its interval and
+    p-value, the format stated apart, and in words when strict accuracy rose but correctness did not
+    ("the gain is format, not correctness")."""
     out = []
     for pair, c in (s.comparison or {}).items():
         a, b = pair.split("_vs_", 1)  # the pair's names (its "a"/"b" keys are McNemar counts)
@@ -114,12 +118,14 @@ def _model_rank(model: str) -> tuple[int, str]:
 
 def reports(params: Params) -> dict[str, list[str]]:
     """Where a run's reports are: {folder: [files]} (summaries, DVC metrics and plot data)."""
-    from components.evaluate import stage_models
+    from components.evaluate import PAIRS, stage_models
 
     ev = params.evaluate.output_dir
     models = list(stage_models(params))
+    pairs = [f"{a}_vs_{b}" for a, b in PAIRS if a in models and b in models]
     out: dict[str, list[str]] = {ev: [*(f"{m}.json" for m in models), "comparison.json", ACCURACY_CSV, STEPS_CSV,
-                                      *(f"{m}.items.jsonl" for m in models), *(f"{HEADLINE_DIR}/{m}.json" for m in models)]}
+                                      *(f"{m}.items.jsonl" for m in models), *(f"{HEADLINE_DIR}/{m}.json" for m in models),
+                                      *(pair_headline_file(p, stat) for p in pairs for stat in PAIR_STATISTICS)]}
     for section in (params.sft, params.selection, params.grpo):
         for path in (section.metrics_file, getattr(section, "history_file", None) or section.histogram_file):
             folder, name = str(Path(path).parent), Path(path).name

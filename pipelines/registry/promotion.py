@@ -73,13 +73,18 @@ REEVALUATIONS = 3  # champions re-evaluated by one gate before it gives up the r
 
 def correctness_and_format(challenger: dict[str, dict[str, Any]], champion: dict[str, dict[str, Any]],
                            version: str, champion_version: str, alpha: float) -> str | None:
-    """The gate's numbers restated as correctness (flexible accuracy) and format (tagged answers) on
-    the shared items, with the verdict in words; None when the items lack those columns.
+    """The gate's numbers restated on the shared items as the run summary states them (reports.headline):
+    checked accuracy first (where both versions' items carry it), then correctness (flexible accuracy),
+    each with its 95% interval and exact McNemar p, the format (tagged answers) apart, strict accuracy and
+    the verdict in words; None when the items lack the flexible column.
 
     >>> ch = {str(i): {"correct": i < 30, "correct_flexible": i < 30, "format_ok": True} for i in range(100)}
     >>> old = {str(i): {"correct": i < 5, "correct_flexible": i < 32, "format_ok": i < 10} for i in range(100)}
     >>> correctness_and_format(ch, old, "2", "1", 0.05).endswith("the gain is format, not correctness")
     True
+    >>> print(correctness_and_format({k: {**r, "correct_checked": int(k) < 20} for k, r in ch.items()},
+    ...                              {k: {**r, "correct_checked": int(k) < 25} for k, r in old.items()}, "2", "1", 0.05))
+    accuracy_checked (right, no equation shown wrong) champion v1 25.0% -> v2 20.0%, -5.0 points (95% CI -10.2 to -0.1), exact McNemar p = 0.062; correctness (accuracy_flexible, the answer is right) 32.0% -> 30.0%, -2.0 points (95% CI -5.6 to +1.6), exact McNemar p = 0.5; format (the answer is tagged) 10.0% -> 100.0%; accuracy_strict (right and tagged) 5.0% -> 30.0%, +25.0 points, p = 6e-08: the gain is format, not correctness
     """
     from components.evaluation.stats import compare_paired
 
@@ -201,7 +206,9 @@ def _compare(params: Params, mv, champion, challenger_rows, champion_rows, reeva
         band = None  # items scored before problems carried their steps: every item, and the reason says so
         print("promotion: the challenger's items carry no step counts; the gate compares every item, not "
               f"evaluate.target_band={params.evaluate.target_band}", flush=True)
+    others: tuple[dict, dict] | None = None  # the other bands' items, whose change the reason states too
     if band:  # the gate compares on the target band (docs/registry.md): the items whose steps are in it
+        others = ({i: r for i, r in challenger_rows.items() if not in_band(r.get("steps"), band)}, champion_rows)
         challenger_rows = {i: r for i, r in challenger_rows.items() if in_band(r.get("steps"), band)}
         champion_rows = {i: r for i, r in champion_rows.items() if i in challenger_rows}
     ok, numbers = compare_with_champion(
@@ -216,7 +223,10 @@ def _compare(params: Params, mv, champion, challenger_rows, champion_rows, reeva
     reason = _reason(version, champion.version, ok, numbers, f"{metric} on {band_label(band)}" if band else metric)
     if numbers["n"] and (story := correctness_and_format(challenger_rows, champion_rows, version, champion.version,
                                                          reg.alpha)):
-        reason += f". {story}"
+        reason += f". Target band ({band_label(band)}), n = {numbers['n']}: {story}" if band else f". {story}"
+        shared = sorted(set(others[0]) & set(others[1])) if others else []
+        if shared and (rest := correctness_and_format(others[0], others[1], version, champion.version, reg.alpha)):
+            reason += f". Other bands, n = {len(shared)}: {rest}"
     return Decision(name, version, "promoted" if ok else "rejected", reason, champion.version, numbers)
 
 
