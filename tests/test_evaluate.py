@@ -114,7 +114,6 @@ def test_compare_pairs_items_by_id():
     assert res["by_metric"]["accuracy_flexible"]["delta"] == 0.0
 
 
-
 def test_dvc_metrics_state_the_target_bands_change_under_the_models_own_columns(tmp_path):
     """`dvc metrics show` gives every key a column: GRPO's change from SFT is four rows in the keys of the models'
     headline files (metrics/grpo_vs_sft.delta|ci95_low|ci95_high|p_value.json, declared in dvc.yaml), checked

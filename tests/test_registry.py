@@ -337,7 +337,6 @@ def test_gate_says_when_the_gain_is_format_and_uses_the_metric_param(repo):
     assert reason.endswith("the gain is format, not correctness")
 
 
-
 def test_gate_states_the_target_bands_checked_accuracy_first_then_correctness_then_the_other_bands(repo):
     """With evaluate.target_band the gate decides on strict accuracy on the band as before, and its reason
     restates the change as the run summary does: on the band, checked accuracy first, then correctness,

@@ -206,9 +206,10 @@ def _compare(params: Params, mv, champion, challenger_rows, champion_rows, reeva
         band = None  # items scored before problems carried their steps: every item, and the reason says so
         print("promotion: the challenger's items carry no step counts; the gate compares every item, not "
               f"evaluate.target_band={params.evaluate.target_band}", flush=True)
-    others: tuple[dict, dict] | None = None  # the other bands' items, whose change the reason states too
+    others: tuple[dict, dict] | None = None  # the other bands' shared items, whose change the reason states too
     if band:  # the gate compares on the target band (docs/registry.md): the items whose steps are in it
-        others = ({i: r for i, r in challenger_rows.items() if not in_band(r.get("steps"), band)}, champion_rows)
+        rest = {i: r for i, r in challenger_rows.items() if not in_band(r.get("steps"), band)}
+        others = (rest, {i: r for i, r in champion_rows.items() if i in rest})
         challenger_rows = {i: r for i, r in challenger_rows.items() if in_band(r.get("steps"), band)}
         champion_rows = {i: r for i, r in champion_rows.items() if i in challenger_rows}
     ok, numbers = compare_with_champion(
@@ -224,9 +225,9 @@ def _compare(params: Params, mv, champion, challenger_rows, champion_rows, reeva
     if numbers["n"] and (story := correctness_and_format(challenger_rows, champion_rows, version, champion.version,
                                                          reg.alpha)):
         reason += f". Target band ({band_label(band)}), n = {numbers['n']}: {story}" if band else f". {story}"
-        shared = sorted(set(others[0]) & set(others[1])) if others else []
-        if shared and (rest := correctness_and_format(others[0], others[1], version, champion.version, reg.alpha)):
-            reason += f". Other bands, n = {len(shared)}: {rest}"
+        if others and others[1] and (
+                rest := correctness_and_format(others[0], others[1], version, champion.version, reg.alpha)):
+            reason += f". Other bands, n = {len(others[1])}: {rest}"
     return Decision(name, version, "promoted" if ok else "rejected", reason, champion.version, numbers)
 
 
