@@ -203,15 +203,24 @@ def continue_sft(workdir: Path, overrides: list[str], env: dict[str, str], rl_se
     """The same-compute control: models/sft trained further with the SFT recipe (the same
     demonstrations, train.jsonl, never the answer-only problems; the lr schedule restarted over the
     new steps) for as many steps as fit in the RL side's wall seconds (selection + grpo stage processes,
-    `rl_seconds`) at the first SFT process's speed. Writes models/sft_continued and its own reports
-    beside the first run's."""
+    `rl_seconds`) at the first SFT process's speed. With LoRA the SFT adapter is first merged into its
+    base (models/sft_continued_base) and a new adapter of the same recipe trains over that. Writes
+    models/sft_continued and its own reports beside the first run's."""
     params = reports(workdir, overrides)
     sft = json.loads((workdir / params.sft.metrics_file).read_text())
     seconds_per_step = sft["train_seconds"] / max(sft["global_step"], 1)
     steps = max(1, round(rl_seconds / seconds_per_step))
     train = Path(params.sft.metrics_file).parent
+    base = params.sft.output_dir
+    if params.sft.use_lora:  # an adapter trained over an adapter could not be loaded: train over SFT merged
+        from components.models import adapters
+
+        base = f"models/{CONTINUED}_base"
+        adapters.merge(workdir / params.sft.output_dir, adapters.find_base(workdir / params.sft.output_dir,
+                                                                           [workdir / params.model.base_dir]),
+                       workdir / base)
     control = [
-        f"model.base_dir={params.sft.output_dir}",
+        f"model.base_dir={base}",
         f"sft.output_dir=models/{CONTINUED}",
         f"sft.checkpoint_dir=checkpoints/{CONTINUED}",
         f"sft.metrics_file={train / f'{CONTINUED}.json'}",

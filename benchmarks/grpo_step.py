@@ -1,6 +1,6 @@
 """Where one GRPO step's seconds go, against this machine's arithmetic floor, measured in one run.
 
-Builds, in a fresh temporary folder, the data and base model of a preset (`python -m
+Builds, in a fresh temporary folder, the data and base model of the embedded defaults or a preset (`python -m
 components.data` and `components.model`, what `dvc repro` runs), then trains the GRPO stage's own
 trainer (components/grpo.py: the same TRL config, LoRA, rewards, prompts and trainer class; no
 MLflow, no checkpoints) from the base model for `--warmup` + `--steps` steps and times the parts of
@@ -47,13 +47,13 @@ in the measured window):
 
 With `--compare` it runs the GRPO path of smollm2-135m-cpu-rl before issue 41 (PATHS["before"]: 2
 prompts x 8 completions a step, one `generate` call each, per-sequence log-probs, bf16 rollouts on
-merged LoRA weights) and the preset's path side by side (the same prompts, seed, machine and
+merged LoRA weights) and the embedded defaults' path (or the preset's) side by side (the same prompts, seed, machine and
 max_completion_length) and prints `{"before": {...}, "after": {...}, "throughput_speedup": after /
 before completions a second, "informative_speedup", "cpu_throughput_speedup", "speedup": before /
 after seconds a step}`. The paths are params overrides, so that what is measured is what the stage runs.
 
-    python benchmarks/grpo_step.py --preset smollm2-135m-cpu-rl-batched --compare
-    python benchmarks/grpo_step.py --preset smollm2-135m-cpu-rl-batched --compare --steps 1 -S grpo.trainer.max_completion_length=64
+    python benchmarks/grpo_step.py --compare
+    python benchmarks/grpo_step.py --compare --steps 1 -S grpo.trainer.max_completion_length=64
     python benchmarks/grpo_step.py --preset smollm2-135m-cpu-rl --path after
 
 Results: benchmarks/RESULTS.md.
@@ -80,13 +80,13 @@ from benchmarks.step_clock import PARTS, StepClock, bench_args, step_flops, thro
 
 # What --compare puts side by side (overrides on top of the preset): the GRPO path of
 # smollm2-135m-cpu-rl before issue 41 (2 prompts x 8 completions a step, one generate call each,
-# per-sequence log-probs, bf16 rollouts on merged LoRA weights) and the preset as it is.
+# per-sequence log-probs, bf16 rollouts on merged LoRA weights) and the defaults (or preset) as they are.
 PATHS: dict[str, list[str]] = {
     "before": ["grpo.rollout_engine=generate", "grpo.informative_groups_only=false", "grpo.lean_logps=false",
                "grpo.logps_batching=per_sequence", "grpo.rollout_merge_lora=true",
                "grpo.trainer.per_device_train_batch_size=16", "grpo.trainer.steps_per_generation=null",
                "grpo.trainer.generation_batch_size=null", "grpo.trainer.gradient_accumulation_steps=1"],
-    "after": [],  # the preset as it is
+    "after": [],  # the embedded defaults (or the preset) as they are
 }
 
 
@@ -252,8 +252,8 @@ def compared(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="smollm2-135m-cpu-rl",
-                        help="a preset of presets/ (default smollm2-135m-cpu-rl; '' = the embedded defaults)")
+    parser.add_argument("--preset", default="",
+                        help="a preset of presets/ (default: none, the embedded defaults)")
     parser.add_argument("--steps", type=int, default=2,
                         help="measured generation batches per path, each trainer.steps_per_generation steps (default 2)")
     parser.add_argument("--warmup", type=int, default=1, help="generation batches run first and not measured (default 1)")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from components.common.entry import stage_main
+from components.common.errors import InputError
 from components.common.params import Params, SFTParams
 from components.training.dev_accuracy import Plateau, dev_callback
 
@@ -137,6 +138,12 @@ def run(params: Params) -> Path:
     cfg, train = params.sft, Path(params.data.output_dir) / "train.jsonl"
     settings = trainer_settings(params)  # fails before any data or model is loaded
     modelio.require_model_dir(params.model.base_dir, "base model", "model")
+    if cfg.use_lora and modelio.is_adapter_dir(params.model.base_dir):  # its base would name an adapter
+        raise InputError(
+            f"model.base_dir {params.model.base_dir} is a LoRA adapter: a new adapter trained over it could not "
+            f"be loaded again; merge it into a full model first (grpoflow export {params.model.base_dir} FOLDER --merged) and point "
+            f"model.base_dir there"
+        )
 
     rows, dev = split_dev(read_split(train), cfg.dev_size)  # data
 

@@ -25,7 +25,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def preset_overrides(name: str) -> list[str]:
+    from pipelines.params import presets
+
+    return presets.overrides(name)
+
+
+# The tiny model (`--preset tiny`), at sizes that train and evaluate in about a minute.
 SMALL = [
+    *preset_overrides("tiny"),
     "data.synthetic_train_size=200",
     "data.synthetic_test_size=40",
     "data.synthetic_answer_only_size=80",

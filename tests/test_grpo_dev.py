@@ -13,6 +13,7 @@ import math
 
 from components.common.files import jsonl_bytes
 from components.common.params import DataParams, ModelParams
+from pipelines.params import presets
 from pipelines.params.config import load_params
 
 TINY = dict(tiny_hidden_size=32, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=64, tiny_vocab_size=300)
@@ -27,16 +28,18 @@ def test_grpo_records_its_dev_curve_on_held_out_target_band_problems(tmp_path, m
 
     monkeypatch.chdir(tmp_path)
     data.write_splits(DataParams(output_dir=str(tmp_path / "data/processed"), synthetic_train_size=40,
-                                 synthetic_test_size=4, synthetic_answer_only_size=30))
+                                 synthetic_test_size=4, synthetic_answer_only_size=30,
+                                 synthetic_answer_only_min_steps=3))
     model, tok = model_stage.build_tiny(ModelParams(seed=0, **TINY), tmp_path / "data/processed/train.jsonl")
     save_model(model, tok, tmp_path / "models/sft")
     problems = [json.loads(line) for line in (tmp_path / "data/processed/grpo.jsonl").read_text().splitlines()]
-    assert {p["steps"] for p in problems} == {3}  # the default answer-only band: beyond the demonstrations
+    assert {p["steps"] for p in problems} == {3}  # the tiny preset's answer-only band: beyond the demonstrations
     selected = tmp_path / "data/selected/prompts.jsonl"
     selected.parent.mkdir(parents=True)
     selected.write_bytes(jsonl_bytes(problems))  # every problem "selected": the dev ones must still be left out
     root = tmp_path
     params = load_params(None, [
+        *presets.overrides("tiny"),
         f"data.output_dir={root / 'data/processed'}", f"grpo.init_dir={root / 'models/sft'}",
         f"grpo.output_dir={root / 'models/grpo'}", f"grpo.checkpoint_dir={root / 'checkpoints/grpo'}",
         f"grpo.metrics_file={root / 'reports/train/grpo.json'}", f"grpo.history_file={root / 'reports/train/grpo_history.csv'}",

@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from components.common.params import DataParams, ModelParams  # noqa: E402
+from pipelines.params import presets  # noqa: E402
 from pipelines.params.config import load_params  # noqa: E402
 
 TINY = dict(tiny_hidden_size=32, tiny_num_heads=2, tiny_num_layers=2, tiny_intermediate_size=64, tiny_vocab_size=300)
@@ -120,7 +121,7 @@ def stage_trainer(tmp_path, monkeypatch, overrides):
                                  synthetic_answer_only_size=24))
     model, tokenizer = model_stage.build_tiny(ModelParams(seed=0, **TINY), tmp_path / "data/train.jsonl")
     rows = [json.loads(line) for line in (tmp_path / "data/grpo.jsonl").read_text().splitlines()]
-    params = load_params(None, ["grpo.num_generations=2", "grpo.trainer.per_device_train_batch_size=4",
+    params = load_params(None, [*presets.overrides("tiny"), "grpo.num_generations=2", "grpo.trainer.per_device_train_batch_size=4",
                                 "grpo.trainer.max_completion_length=12", "grpo.trainer.max_steps=4",
                                 "grpo.trainer.logging_steps=1", "grpo.trainer.report_to=[]", "grpo.beta=0.1",
                                 "grpo.use_lora=true", "grpo.trainer.save_strategy='no'", "grpo.temperature=1.5",

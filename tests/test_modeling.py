@@ -25,7 +25,7 @@ from pipelines.params.config import ConfigError, ModelParams, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(
-    tiny_hidden_size=32, tiny_intermediate_size=64, tiny_num_layers=1, tiny_num_heads=2, tiny_vocab_size=300
+    name_or_path="tiny", tiny_hidden_size=32, tiny_intermediate_size=64, tiny_num_layers=1, tiny_num_heads=2, tiny_vocab_size=300
 )
 
 
@@ -99,6 +99,22 @@ def test_missing_model_folder_names_the_stage(tmp_path):
         modelio.require_model_dir(tmp_path / "nope", "SFT model", "sft")
 
 
+def test_lora_sft_over_an_adapter_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A LoRA adapter named as model.base_dir (SFT continued from models/sft) would save an adapter
+    whose base is itself an adapter, which nothing could load back: refused before training."""
+    from components import sft
+
+    monkeypatch.chdir(tmp_path)
+    adapter = tmp_path / "models" / "sft_adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    params = load_params(overrides=["model.base_dir=models/sft_adapter", "sft.output_dir=models/sft_continued",
+                                    "sft.use_lora=true"], root=tmp_path)
+    with pytest.raises(InputError, match=r"model.base_dir models/sft_adapter is a LoRA adapter.*merge it"):
+        sft.run(params)
+
+
 # --------------------------------------------------------------------------- SFT demonstrations
 
 
@@ -143,7 +159,8 @@ def test_trl_configs_are_built_from_the_params_and_reject_unknown_keys():
     from components.grpo import recipe
 
     args = finetune.build_trl_args(GRPOConfig, "grpo", params.grpo.trainer, output_dir="x", **recipe(params))
-    assert (args.beta, args.loss_type, args.epsilon, args.num_generations) == (0.04, "grpo", 0.2, 8)
+    assert (args.beta, args.loss_type, args.epsilon, args.num_generations) == (0.1, "grpo", 0.2, 8)
+    assert (args.per_device_train_batch_size, args.steps_per_generation, args.generation_batch_size) == (16, 8, 128)
     assert (args.temperature, args.scale_rewards) == (0.8, "group")
     assert args.bf16 is False and args.gradient_checkpointing is False  # CPU
     assert args.report_to == ["mlflow"]
@@ -160,8 +177,8 @@ def test_trl_configs_are_built_from_the_params_and_reject_unknown_keys():
     [
         ("grpo.loss_type=ppo", r"grpo\.loss_type: expected one of \['grpo', 'bnpo', 'dr_grpo', 'dapo'"),
         (
-            "grpo.trainer.per_device_train_batch_size=12",
-            r"generation batch of 12 .* not divisible by num_generations=8",
+            "grpo.num_generations=7",
+            r"generation batch of 128 .* not divisible by num_generations=7",
         ),
         ("grpo.trainer.beta=0.1", r"grpo\.trainer\.beta: the stage sets it; use grpo\.beta instead"),
         ("grpo.trainer.reward_weights=[1]", r"set rewards\.weights instead"),

@@ -44,7 +44,7 @@ def trl_configs(params, gpu_preset: bool):
 
 
 def test_every_preset_is_documented():
-    assert set(presets.names()) == {"smollm2-135m-cpu", "smollm2-135m-cpu-rl", "smollm2-135m-cpu-rl-batched", *GPU_PRESETS}
+    assert set(presets.names()) == {"tiny", "smollm2-135m-cpu", "smollm2-135m-cpu-rl", *GPU_PRESETS}
     for name in presets.names():
         data = presets.read(name)
         assert data["description"] and data["memory"]
@@ -111,15 +111,32 @@ def test_an_unknown_or_malformed_preset_fails_in_one_line(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_the_batched_rl_preset_differs_from_the_rl_preset_only_in_grpo_throughput():
-    """smollm2-135m-cpu-rl-batched is the rl recipe with GRPO's throughput levers: data, model, SFT,
-    selection, rewards and the evaluation are the rl preset's, so that their accuracies compare (a
-    batched preset without the evaluate section evaluated 8 samples of each of 400 problems, 3200
-    completions a model, against the rl preset's greedy 400)."""
+def test_the_default_trains_the_real_model_and_the_tiny_preset_the_tiny_one():
+    """The embedded defaults run SmolLM2-135M-Instruct (offline) with GRPO's batched path; `--preset
+    tiny` brings back the tiny model trained from scratch, with its own recipe."""
+    default = load_params(root=REPO)
+    tiny = load_params(overrides=presets.overrides("tiny"), root=REPO)
+    assert default.model.name_or_path == "smollm2-135m-instruct" and tiny.model.name_or_path == "tiny"
+    assert default.sft.use_lora and default.grpo.use_lora and not tiny.sft.use_lora and not tiny.grpo.use_lora
+    assert default.grpo.rollout_engine == "batched" and default.grpo.informative_groups_only
+    assert tiny.grpo.rollout_engine == "generate" and not tiny.grpo.informative_groups_only
+    _, grpo_args, *_ = trl_configs(default, gpu_preset=False)
+    assert grpo_args.generation_batch_size == 128  # 8 optimizer steps of 16 share one generation of 16 prompts x 8
+    _, tiny_grpo_args, *_ = trl_configs(tiny, gpu_preset=False)
+    assert tiny_grpo_args.generation_batch_size == tiny_grpo_args.per_device_train_batch_size == 32
+
+
+def test_the_default_differs_from_the_rl_preset_only_in_grpo_throughput():
+    """The default is smollm2-135m-cpu-rl's recipe with GRPO's throughput levers: data, model, SFT,
+    selection, rewards and the evaluation are the rl preset's, so that their accuracies compare."""
     rl = load_params(overrides=presets.overrides("smollm2-135m-cpu-rl"), root=REPO).to_dict()
-    batched = load_params(overrides=presets.overrides("smollm2-135m-cpu-rl-batched"), root=REPO).to_dict()
-    assert {k for k in rl if rl[k] != batched[k]} == {"grpo"}
+    default = load_params(root=REPO).to_dict()
+    for section in ("model", "evaluate"):  # the rl preset spells out float32 weights: auto is float32 on a CPU
+        default[section]["dtype"] = rl[section]["dtype"]
+    sft_logging = {k: default["sft"]["trainer"][k] for k in ("logging_steps", "save_steps")}
+    assert {k for k in rl if rl[k] != default[k]} <= {"grpo", "sft"}
+    assert {**rl["sft"], "trainer": {**rl["sft"]["trainer"], **sft_logging}} == default["sft"]  # SFT differs in logging only
     levers = {"rollout_engine", "logps_batching", "lean_logps", "informative_groups_only", "trainer"}
-    assert {k for k in rl["grpo"] if rl["grpo"][k] != batched["grpo"][k]} <= levers
-    trainer = {k for k in rl["grpo"]["trainer"] if rl["grpo"]["trainer"][k] != batched["grpo"]["trainer"][k]}
+    assert {k for k in rl["grpo"] if rl["grpo"][k] != default["grpo"][k]} <= levers
+    trainer = {k for k in rl["grpo"]["trainer"] if rl["grpo"]["trainer"][k] != default["grpo"]["trainer"][k]}
     assert trainer <= {"max_steps", "steps_per_generation", "generation_batch_size"}

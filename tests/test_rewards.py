@@ -160,7 +160,7 @@ def test_params_choose_rewards_with_weights():
     assert funcs == [format_reward, accuracy_reward, tag_count_reward]
     assert weights == [0.2, 1.0, 0.1]
     default = load_params(None, [])
-    assert [f.__name__ for f in build_rewards(default.rewards)[0]] == ["accuracy_reward"]  # the default recipe: correctness alone (every demonstration is tagged)
+    assert [f.__name__ for f in build_rewards(default.rewards)[0]] == ["flexible_accuracy_reward"]  # the default recipe: correctness alone, tags or not
 
 
 @pytest.mark.parametrize(

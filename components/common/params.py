@@ -59,14 +59,14 @@ class DataParams:
     train_source: str = _f("synthetic")
     test_source: str = _f("synthetic")
     output_dir: str = _f("data/processed", path="output_dir")
-    synthetic_train_size: int = _f(4000, ge=1)
-    synthetic_test_size: int = _f(1000, ge=1)
+    synthetic_train_size: int = _f(2000, ge=1)
+    synthetic_test_size: int = _f(400, ge=1)
     seed: int = _f(1234, ge=0)
     synthetic_max_steps: int = _f(2, ge=1, le=6)
     synthetic_max_number: int = _f(9, ge=2)
     synthetic_test_max_steps: int = _f(3, ge=0, le=6)
-    synthetic_answer_only_size: int = _f(3000, ge=0)
-    synthetic_answer_only_min_steps: int = _f(3, ge=1, le=6)
+    synthetic_answer_only_size: int = _f(1000, ge=0)
+    synthetic_answer_only_min_steps: int = _f(1, ge=1, le=6)
     synthetic_answer_only_max_steps: int = _f(3, ge=1, le=6)
     answer_only_share: float = _f(0.0, ge=0.0, le=0.99)
     demo_max_steps: int = _f(0, ge=0)
@@ -93,10 +93,10 @@ class DataParams:
 
 @dataclass
 class ModelParams:
-    name_or_path: str = _f("tiny")
+    name_or_path: str = _f("smollm2-135m-instruct")
     trust_remote_code: bool = _f(False)
     dtype: str = _dtype()
-    cpu_training_precision: str = _f("float32", choices=["float32", "auto"])
+    cpu_training_precision: str = _f("auto", choices=["float32", "auto"])
     revision: str | None = _f(None)
     base_dir: str = _f("models/base", path="output_dir")
     tiny_hidden_size: int = _f(128, ge=16)
@@ -117,28 +117,29 @@ class ModelParams:
 
 # The loss formulations TRL 1.16's GRPOConfig.loss_type accepts (checked against trl/trainer/grpo_trainer.py).
 GRPO_LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
-# Defaults of the `trainer:` mappings, tuned for the tiny model on a 2-core CPU (params.yaml
+# Defaults of the `trainer:` mappings, SmolLM2-135M-Instruct's LoRA recipe on a 2-core CPU (params.yaml
 # repeats them with a comment each); any TRL SFTConfig / GRPOConfig field may be added.
 SFT_TRAINER_DEFAULTS: dict[str, Any] = {
-    "max_steps": 6000,
-    "per_device_train_batch_size": 16,
-    "learning_rate": 3.0e-3,
-    "lr_scheduler_type": "cosine",
-    "warmup_steps": 30,
-    "train_sampling_strategy": "group_by_length",
+    "max_steps": 100,
+    "per_device_train_batch_size": 8,
+    "learning_rate": 2.0e-4,
+    "lr_scheduler_type": "constant",
+    "warmup_steps": 0,
+    "train_sampling_strategy": "random",
     "max_length": 512,
-    "logging_steps": 50,
-    "save_steps": 250,
+    "logging_steps": 10,
+    "save_steps": 50,
     "save_total_limit": 2,
     "seed": 0,
 }
 GRPO_TRAINER_DEFAULTS: dict[str, Any] = {
-    "max_steps": 250,
-    "per_device_train_batch_size": 32,
-    "learning_rate": 1.0e-4,
+    "max_steps": 128,
+    "per_device_train_batch_size": 16,
+    "steps_per_generation": 8,
+    "learning_rate": 5.0e-5,
     "lr_scheduler_type": "constant",
     "max_completion_length": 128,
-    "logging_steps": 10,
+    "logging_steps": 1,
     "save_steps": 50,
     "save_total_limit": 2,
     "seed": 0,
@@ -161,15 +162,16 @@ def _resume() -> Any:
 
 
 def _sample_size() -> Any:
-    return _f(16, ge=0, fingerprint=False)
+    return _f(0, ge=0, fingerprint=False)
 
 
 def _use_lora() -> Any:
-    return _f(False)
+    return _f(True)
 
 
 def _lora() -> Any:
-    return _f({"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"})
+    return _f({"r": 16, "lora_alpha": 32, "lora_dropout": 0.0,
+               "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]})
 
 
 def _trainer(defaults: dict[str, Any]) -> Any:
@@ -213,7 +215,7 @@ class GRPOParams:
     resume: bool = _resume()
     num_generations: int = _f(8, ge=2, recipe=True)
     temperature: float = _f(0.8, gt=0.0, recipe=True)
-    beta: float = _f(0.04, ge=0.0, recipe=True)
+    beta: float = _f(0.1, ge=0.0, recipe=True)
     epsilon: float = _f(0.2, gt=0.0, recipe=True)
     loss_type: str = _f("grpo", choices=GRPO_LOSS_TYPES, recipe=True)
     scale_rewards: str = _f("group", choices=["group", "batch", "none"], recipe=True)
@@ -221,7 +223,7 @@ class GRPOParams:
     use_vllm: bool = _f(False, recipe=True)
     vllm_mode: str = _f("colocate", choices=["colocate", "server"], recipe=True)
     sample_size: int = _sample_size()
-    dev_size: int = _f(100, ge=0)
+    dev_size: int = _f(0, ge=0)
     dev_every: int = _f(100, ge=1)
     signal_window: int = _f(100, ge=1, fingerprint=False)  # the signal monitor only watches (so its four keys)
     signal_zero_std: float = _f(0.70, ge=0.0, le=1.0, fingerprint=False)
@@ -229,10 +231,10 @@ class GRPOParams:
     signal_max_kl: float = _f(0.1, ge=0.0, fingerprint=False)
     use_lora: bool = _use_lora()
     rollout_merge_lora: bool = _f(True)
-    logps_batching: str = _f("padded", choices=["padded", "per_sequence", "shared_prefix"])
-    lean_logps: bool = _f(False)
-    rollout_engine: str = _f("generate", choices=["generate", "batched"])
-    informative_groups_only: bool = _f(False)
+    logps_batching: str = _f("shared_prefix", choices=["padded", "per_sequence", "shared_prefix"])
+    lean_logps: bool = _f(True)
+    rollout_engine: str = _f("batched", choices=["generate", "batched"])
+    informative_groups_only: bool = _f(True)
     lora: dict[str, Any] = _lora()
     trainer: dict[str, Any] = _trainer(GRPO_TRAINER_DEFAULTS)
 
@@ -248,8 +250,8 @@ class SelectionParams:
     output_file: str = _f("data/selected/prompts.jsonl", path="output_file")
     metrics_file: str = _f("reports/train/selection.json", path="output_file")
     histogram_file: str = _f("reports/train/selection_pass_rates.csv", path="output_file")
-    max_candidates: int = _f(1600, ge=0)
-    num_samples: int = _f(4, ge=0)
+    max_candidates: int = _f(0, ge=0)
+    num_samples: int = _f(0, ge=0)
     mode: str = _f("flexible", choices=["flexible", "strict"])
     keep_unsolved: bool = _f(False)
     keep_solved: bool = _f(False)
@@ -268,7 +270,7 @@ class SelectionParams:
 
 @dataclass
 class RewardsParams:
-    funcs: list[str] = _f(["accuracy"])
+    funcs: list[str] = _f(["flexible_accuracy"])
     weights: list[float] = _f([1.0])
 
     def check(self) -> None:
@@ -295,7 +297,7 @@ class EvaluateParams:
     primary_metric: str = _f("accuracy_strict", choices=["accuracy_strict", "accuracy_flexible"])
     log_items_table: bool = _f(True)
     seed: int = _f(0, ge=0)
-    num_samples: int = _f(8, ge=0, le=256)
+    num_samples: int = _f(0, ge=0, le=256)
     endpoint_model: str = _f("")
     endpoint_concurrency: int = _f(64, ge=1, le=1024)
     endpoint_retries: int = _f(5, ge=0)

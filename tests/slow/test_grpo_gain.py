@@ -12,10 +12,12 @@ import json
 import pytest
 
 from benchmarks import grpo_gain
+from tests.project_repo import preset_overrides
 
 pytestmark = pytest.mark.slow
 
 TINY = [
+    *preset_overrides("tiny"),
     "data.synthetic_train_size=48",
     "data.synthetic_test_size=8",
     "model.tiny_hidden_size=32",
@@ -67,3 +69,15 @@ def test_grpo_gain_reports_every_key(tmp_path, capsys):
     grpo = json.loads((train / "grpo.json").read_text())
     assert grpo["frac_reward_zero_std_mean"] == result["frac_reward_zero_std"] == 1.0
     assert grpo["signal_warnings"] == 2  # zero_std, then reward_flat; each once
+
+
+def test_the_control_of_a_lora_recipe_trains_over_the_merged_sft_model(tmp_path, capsys):
+    """The default recipe trains LoRA adapters: the control continues SFT over models/sft merged into
+    its base (an adapter over an adapter could not be loaded, and the evaluation of the control failed)."""
+    lora = ["sft.use_lora=true", "grpo.use_lora=true"]
+    assert grpo_gain.main([*(a for o in [*TINY, *lora] for a in ("-S", o)), "--k", "0",
+                           "--keep", str(tmp_path / "gain")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["sft_continued_steps"] >= 1 and 0.0 <= result["sft_continued_accuracy_flexible"] <= 1.0
+    work = tmp_path / "gain" / "models"
+    assert json.loads((work / "sft_continued" / "grpoflow_adapter.json").read_text())["base_dir"] == "models/sft_continued_base"

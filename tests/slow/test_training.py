@@ -94,12 +94,23 @@ def stage(workdir: Path, module: str, *overrides: str, check: bool = True) -> su
     return proc
 
 
+def tiny_params(params: dict) -> dict:
+    """`params` over the tiny preset's (the tiny model and its recipe), section by section, key by key."""
+    from pipelines.params import presets
+
+    def merge(base: dict, top: dict) -> dict:
+        return {**base, **{k: merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+                           for k, v in top.items()}}
+
+    return merge(presets.read("tiny")["params"], params)
+
+
 def make_workdir(path: Path) -> Path:
     """A folder with params.yaml (tiny settings), data/processed and models/base."""
     from components.data import write_splits as prepare
     from pipelines.params.config import DataParams
 
-    (path / "params.yaml").write_text(yaml.safe_dump(TINY_PARAMS))
+    (path / "params.yaml").write_text(yaml.safe_dump(tiny_params(TINY_PARAMS)))
     (path / "toyrewards.py").write_text(TOY_REWARDS)
     cwd = os.getcwd()
     os.chdir(path)
