@@ -86,7 +86,8 @@ def trainer_class(params: Params):
     TRL's own pass) and, with `grpo.lean_logps`, with the LM head at the completions only and the
     frozen weights in bf16 on a CPU training in bf16; which logs `informative_groups` (the share of
     groups with a reward spread) at every generation; and, with `grpo.informative_groups_only`,
-    trains on those groups alone (informative.InformativeGroupsMixin)."""
+    trains on those groups alone (informative.InformativeGroupsMixin), with the old policy's
+    log-probs taken from the batched rollouts when `grpo.old_logps` is `rollout`."""
     from components.training import informative, logps, rollouts
 
     base = _trainer_class()
@@ -103,17 +104,21 @@ def trainer_class(params: Params):
             with rollout_context(self.accelerator.unwrap_model(self.model), merge, self._cpu_bf16()):
                 if (cfg.rollout_engine == "batched" and images is None and not multimodal_fields
                         and not self.use_transformers_continuous_batching and rollouts.supported(self.generation_config)):
-                    return self._batched_rollouts(prompt_ids), None
+                    return self._batched_rollouts(prompt_ids)
                 return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
 
-        def _batched_rollouts(self, prompt_ids: list[list[int]]) -> list[list[int]]:
+        def _batched_rollouts(self, prompt_ids: list[list[int]]) -> tuple[list[list[int]], Any]:
+            """(completion ids, their sampled log-probs or None): the log-probs only where the
+            informative-groups trainer takes the old policy's from them (`grpo.old_logps: rollout`)."""
             from trl.models.utils import unwrap_model_for_generation
 
+            want = bool(getattr(self, "old_logps_from_rollout", False)) and self.model.training
             with unwrap_model_for_generation(self.model_wrapped, self.accelerator,  # as TRL's generate path
                                              gather_deepspeed3_params=self.args.ds3_gather_for_generation,
                                              gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as model:
-                return rollouts.sample(model, prompt_ids, self.generation_config, self.max_completion_length,
-                                       self.eos_token_ids, self._tokenizer.pad_token_id)
+                out = rollouts.sample(model, prompt_ids, self.generation_config, self.max_completion_length,
+                                      self.eos_token_ids, self._tokenizer.pad_token_id, logprobs=want)
+            return out if want else (out, None)
 
         def _passes_context(self) -> contextlib.ExitStack:
             from components.training.precision import bf16_weights
@@ -155,7 +160,7 @@ def trainer_class(params: Params):
 
     if cfg.informative_groups_only:
         class InformativeTrainer(informative.InformativeGroupsMixin, Trainer):
-            pass
+            old_logps_from_rollout = cfg.old_logps == "rollout"
 
         return InformativeTrainer
     return Trainer

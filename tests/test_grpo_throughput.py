@@ -5,6 +5,8 @@
   sampled from the temperature and top-k distribution, inside the stage's trainer;
 - `grpo.informative_groups_only` (components/training/informative.py): only the groups with a reward
   spread reach the KL reference's log-prob pass and the loss, the history logs their share;
+- `grpo.old_logps: rollout`: the batched rollouts return each sampled token's log-prob (log-softmax
+  of logits / T, what a forward pass gives), and the old policy's pass no longer runs;
 - `grpo.logps_batching: shared_prefix` (components/training/logps.py): the per-sequence log-probs,
   entropies and LoRA gradients with one pass per distinct prompt;
 - `grpo.lean_logps`: the LM head scores only the completions, the loss pass computes with the frozen
@@ -93,6 +95,30 @@ def test_batched_rollouts_sample_the_first_token_from_the_temperature_and_top_k_
     assert ((freq - expected).abs() <= 5 * sigma + 1e-12).all(), (freq[top.indices], expected[top.indices])
 
 
+def test_batched_rollouts_return_each_sampled_tokens_log_prob_as_a_forward_pass_computes_it():
+    """The rollout's log-probs are log-softmax(logits / T) at the sampled tokens, before top-k (what
+    TRL's log-prob pass computes and PPO's ratio divides by), for every row, ended early or not."""
+    from transformers import GenerationConfig
+
+    from components.training import rollouts
+
+    model = tiny_llama(1)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10)
+    eos = [96, 22]  # tokens this model samples early in some rows
+    config = GenerationConfig(do_sample=True, temperature=0.7, top_k=20, max_new_tokens=10, pad_token_id=0,
+                              eos_token_id=eos)
+    torch.manual_seed(0)
+    ids, logps = rollouts.sample(model, PROMPTS, config, 10, eos, 0, logprobs=True)
+    assert ids == (torch.manual_seed(0), rollouts.sample(model, PROMPTS, config, 10, eos, 0))[1]  # the same draws
+    assert [len(lp) for lp in logps] == [len(c) for c in ids] and min(map(len, ids)) < 10
+    for prompt, completion, lp in zip(PROMPTS, ids, logps, strict=True):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits.float() / 0.7, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+        assert torch.allclose(torch.tensor(lp), expected, atol=1e-4), (lp, expected.tolist())
+
+
 def test_batched_rollouts_cover_only_the_sampling_settings_they_reproduce():
     from transformers import GenerationConfig
 
@@ -165,6 +191,42 @@ def test_only_informative_groups_reach_the_reference_pass_and_the_loss(tmp_path,
     assert (trained != 0).all()  # a kept row's group has a reward spread: it has an advantage
     # the old policy's and the reference's passes, each on the kept rows only
     assert sum(rows for grad, rows in passes if not grad) == 2 * sum(kept)
+
+
+@pytest.mark.parametrize("old_logps", ["rollout", "forward"])
+def test_the_old_policys_log_probs_come_from_the_rollouts_without_a_pass(tmp_path, monkeypatch, old_logps):
+    """Batched rollouts, informative groups only, 2 optimizer steps a generation batch: with
+    `grpo.old_logps: rollout` only the reference's pass runs over the kept rows, and the loss divides
+    by the rollout's log-probs; with `forward`, the old policy's pass runs too."""
+    trainer, _ = stage_trainer(tmp_path, monkeypatch, ["grpo.informative_groups_only=true", "grpo.rollout_engine=batched",
+                                                       f"grpo.old_logps={old_logps}", "grpo.trainer.steps_per_generation=2"])
+    inputs_seen, passes = [], []
+    compute = type(trainer)._compute_loss
+    monkeypatch.setattr(type(trainer), "_compute_loss",
+                        lambda self, model, inputs: (inputs_seen.append(dict(inputs)), compute(self, model, inputs))[1])
+    from trl import GRPOTrainer
+
+    logps = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def counted(self, model, input_ids, *args, **kwargs):
+        passes.append((torch.is_grad_enabled(), input_ids.size(0)))
+        return logps(self, model, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", counted)
+    trainer.train()
+    kept = sum(e["trained_completions"] for e in trainer.state.log_history if "trained_completions" in e)
+    assert kept > 0
+    no_grad_rows = sum(rows for grad, rows in passes if not grad)
+    trained = [i for i in inputs_seen if i["completion_ids"].size(0)]
+    if old_logps == "forward":
+        assert no_grad_rows == 2 * kept
+        return
+    assert no_grad_rows == kept  # the reference's pass alone
+    for batch in trained:
+        old, sampled = batch["old_per_token_logps"], batch["sampling_per_token_logps"]
+        assert old is sampled or torch.equal(old, sampled)
+        mask = batch["completion_mask"].bool()
+        assert (old[mask] < 0).all() and old.shape == batch["completion_ids"].shape
 
 
 def tiny_lora_llama(seed: int = 0):

@@ -234,6 +234,7 @@ class GRPOParams:
     logps_batching: str = _f("shared_prefix", choices=["padded", "per_sequence", "shared_prefix"])
     lean_logps: bool = _f(True)
     rollout_engine: str = _f("batched", choices=["generate", "batched"])
+    old_logps: str = _f("rollout", choices=["rollout", "forward"])
     informative_groups_only: bool = _f(True)
     lora: dict[str, Any] = _lora()
     trainer: dict[str, Any] = _trainer(GRPO_TRAINER_DEFAULTS)

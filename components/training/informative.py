@@ -165,8 +165,12 @@ class InformativeGroupsMixin:
     under the "ref" adapter or with the adapters off, or on its own model). The trainer below it
     keeps the scored batch's rewards per function in `_last_rewards` (its `_calculate_rewards`) and
     may define `_passes_context()`, the context the log-prob passes run in. `trained_completions`
-    joins the logged metrics."""
+    joins the logged metrics. With `old_logps_from_rollout` (set by the stage from `grpo.old_logps`)
+    and a batch whose rollouts returned their log-probs (TRL's `sampling_per_token_logps`), the old
+    policy's pass does not run: its log-probs are the rollout's (the behaviour policy's, as PPO's
+    ratio wants)."""
 
+    old_logps_from_rollout: bool = False
     _deferred: list[tuple[Any, tuple[Any, ...]]] | None = None
     _last_rewards: Any = None
 
@@ -209,7 +213,11 @@ class InformativeGroupsMixin:
         out["num_items_in_batch"] = self.accelerator.gather(mask.sum()).sum()
         for key in ("old_per_token_logps", "ref_per_token_logps"):
             found = [call for placeholder, call in deferred if placeholder is batch.get(key)]
-            if found:
+            if not found:
+                continue
+            if key == "old_per_token_logps" and self.old_logps_from_rollout and out.get("sampling_per_token_logps") is not None:
+                out[key] = out["sampling_per_token_logps"]
+            else:
                 out[key] = self._logps_of(key, out, *found[0])
         return out
 

@@ -13,14 +13,19 @@ longest one is done. `sample` draws from the same distribution with less work:
   transformers' own warpers, in its order: temperature, top-k, top-p, min-p), by inverting its
   cumulative distribution (`draw`): one uniform number a row, where `torch.multinomial` draws one
   exponential number per vocabulary entry (126 ms of each decode step at 128 rows x 49,152 tokens
-  on this 2-core CPU against 3-34 ms).
+  on this 2-core CPU against 3-34 ms);
+- on request (`logprobs=True`), each sampled token's log-probability under the sampling policy as
+  GRPO's loss defines it (log-softmax of the logits / temperature, before top-k/top-p), so that the
+  trainer can take the old policy's log-probs from the rollout instead of a second forward pass
+  (`grpo.old_logps: rollout`).
 
 Settings it does not cover (`supported` says which) go to `model.generate`. Completions end with their
 first EOS token (kept, as TRL keeps it) or at `max_new_tokens`.
 
     supported(generation_config)   whether `sample` covers these generation settings
     draw(probs)                    one index per row, drawn with the row's probabilities
-    sample(model, prompt_ids, ...) the completions' token ids, one list per prompt row
+    sample(model, prompt_ids, ...) the completions' token ids, one list per prompt row (and, with
+                                   logprobs=True, each token's log-probability, one list per row)
     BufferCache(capacity, layers)  a KV cache of preallocated buffers (rows can be dropped)
 """
 
@@ -176,11 +181,14 @@ def _cache_keyword(model: Any) -> str:
 
 
 def sample(model: Any, prompt_ids: list[list[int]], generation_config: Any, max_new_tokens: int,
-           eos_token_ids: list[int], pad_token_id: int, compact_share: float = COMPACT_SHARE) -> list[list[int]]:
+           eos_token_ids: list[int], pad_token_id: int, compact_share: float = COMPACT_SHARE,
+           logprobs: bool = False) -> Any:
     """Sample one completion per row of `prompt_ids` (rows may repeat a prompt), as `model.generate`
     samples under `generation_config` (see `supported`); each completion is its token ids through the
     first EOS (kept) or `max_new_tokens`. Rows that ended leave the batch once `compact_share` of it
-    has ended (above 1: never). Runs under torch.no_grad in the model's own dtype."""
+    has ended (above 1: never). Runs under torch.no_grad in the model's own dtype. With `logprobs`,
+    returns (token ids, log-probs): each sampled token's log-softmax of the float32 logits divided by
+    the temperature (what TRL's log-prob passes compute; top-k/top-p do not enter it)."""
     import torch
 
     layers = _full_attention_layers(model)
@@ -202,6 +210,8 @@ def sample(model: Any, prompt_ids: list[list[int]], generation_config: Any, max_
     process = warpers(generation_config)
     eos = torch.tensor(eos_token_ids, device=device)
     out: list[list[int]] = [[] for _ in prompt_ids]
+    out_logps: list[list[float]] = [[] for _ in prompt_ids]
+    temperature = generation_config.temperature or 1.0
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask[:, :width], position_ids=position,
                        **with_cache).logits[:, -1]
@@ -219,6 +229,11 @@ def sample(model: Any, prompt_ids: list[list[int]], generation_config: Any, max_
             for i, t in zip(active.tolist(), token.tolist(), strict=True):
                 if not ended[i]:
                     out[i].append(t)
+            if logprobs:
+                chosen = torch.log_softmax(logits.float() / temperature, dim=-1).gather(1, token[:, None]).squeeze(1)
+                for i, lp in zip(active.tolist(), chosen.tolist(), strict=True):
+                    if len(out_logps[i]) < len(out[i]):
+                        out_logps[i].append(lp)
             ended[active] |= torch.isin(token, eos)
             live = ~ended[active]
             if step == max_new_tokens - 1 or not live.any():
@@ -232,4 +247,4 @@ def sample(model: Any, prompt_ids: list[list[int]], generation_config: Any, max_
             last = last + 1
             logits = model(input_ids=token[:, None], attention_mask=mask[:, : width + step + 1],
                            position_ids=last[:, None], **with_cache).logits[:, -1]
-    return out
+    return (out, out_logps) if logprobs else out
