@@ -83,8 +83,9 @@ def trainer_class(params: Params):
     `grpo.rollout_merge_lora` is on; bf16 weights on a CPU where training autocasts to bf16) through
     `model.generate` or, with `grpo.rollout_engine: batched`, rollouts.sample; whose log-prob passes
     run as `grpo.logps_batching` says for text-only batches (components/training/logps.py: padded is
-    TRL's own pass) and, with `grpo.lean_logps`, with the LM head at the completions only and the
-    frozen weights in bf16 on a CPU training in bf16; which logs `informative_groups` (the share of
+    TRL's own pass) and, with `grpo.lean_logps`, with the LM head at the completions only (on a CPU,
+    for shared_prefix, the model's own head and a float32 log-softmax instead of TRL's fused head) and
+    the frozen weights in bf16 on a CPU training in bf16; which logs `informative_groups` (the share of
     groups with a reward spread) at every generation; and, with `grpo.informative_groups_only`,
     trains on those groups alone (informative.InformativeGroupsMixin), with the old policy's
     log-probs taken from the batched rollouts when `grpo.old_logps` is `rollout`."""
@@ -153,8 +154,10 @@ def trainer_class(params: Params):
                 return super()._get_per_token_logps_and_entropies(
                     model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
             if cfg.logps_batching == "shared_prefix" and not self.accelerator.unwrap_model(model).is_gradient_checkpointing:
+                lean = cfg.lean_logps and input_ids.device.type == "cpu"  # the lean head where TRL's fused one is slow
                 return logps.shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep, self.accelerator.autocast,
-                                                 **kwargs)
+                                                 temperature=self.temperature if lean else None,
+                                                 entropy_grad=bool(getattr(self, "_entropy_bonus_enabled", False)), **kwargs)
             return logps.unpadded_logps(super()._get_per_token_logps_and_entropies, model, input_ids, attention_mask,
                                         logits_to_keep, **kwargs)
 

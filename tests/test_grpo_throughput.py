@@ -255,10 +255,12 @@ def grpo_rows():
     return ids, mask
 
 
+@pytest.mark.parametrize("head", ["fused", "lean"])
 @pytest.mark.parametrize("batch_size", [6, 2])
-def test_shared_prefix_logps_are_the_per_sequence_logps_and_gradients(batch_size):
+def test_shared_prefix_logps_are_the_per_sequence_logps_and_gradients(batch_size, head):
     """One prefix pass per distinct prompt gives each row what the row alone gives (log-probs, entropies
-    and the LoRA gradient through the shared cache), in the rows' own order, chunks cutting groups or not."""
+    and the LoRA gradient through the shared cache), in the rows' own order, chunks cutting groups or not,
+    with TRL's fused LM head or the lean one (the model's head, log-softmax of logits / T)."""
     from functools import partial
     from types import SimpleNamespace
 
@@ -275,7 +277,8 @@ def test_shared_prefix_logps_are_the_per_sequence_logps_and_gradients(batch_size
     results = []
     for compute in (lambda: unpadded_logps(trl, model, ids, mask, 5, compute_entropy=True),
                     lambda: shared_prefix_logps(model, ids, mask, 5, lambda: torch.autocast("cpu", enabled=False),
-                                                compute_entropy=True, batch_size=batch_size)):
+                                                compute_entropy=True, batch_size=batch_size,
+                                                temperature=0.8 if head == "lean" else None)):
         model.zero_grad()
         logps, entropy, _ = compute()
         (logps * completion).sum().backward()
