@@ -85,22 +85,35 @@ def warpers(generation_config: Any) -> list[Any]:
     return out
 
 
-def draw(probs: Any, generator: Any = None) -> Any:
+def draw(probs: Any, generator: Any = None, block: int = 256) -> Any:
     """One column index per row of `probs` (rows of non-negative weights), drawn with probability
     proportional to its weight: the first index whose float64 running sum reaches a uniform number
-    in (0, row sum]. A zero weight is never drawn.
+    in (0, row sum]. A zero weight is never drawn. The running sum is taken in two levels, over
+    blocks of `block` columns and then inside the block the number falls in, so that a decode step
+    sums the vocabulary once instead of running a float64 cumulative sum over it (14 ms of each
+    step at 128 rows x 49,152 tokens on a 2-core CPU).
 
     >>> import torch
     >>> _ = torch.manual_seed(0)
-    >>> counts = torch.bincount(draw(torch.tensor([[0.1, 0.0, 0.6, 0.3]]).expand(20000, 4)), minlength=4)
+    >>> counts = torch.bincount(draw(torch.tensor([[0.1, 0.0, 0.6, 0.3]]).expand(20000, 4), block=2), minlength=4)
     >>> [round(c / 20000, 1) for c in counts.tolist()]
     [0.1, 0.0, 0.6, 0.3]
+    >>> sorted(set(draw(torch.tensor([[0.0, 0.5, 0.0, 0.0, 0.5]]).expand(2000, 5), block=2).tolist()))  # padded blocks
+    [1, 4]
     """
     import torch
 
-    cumulative = probs.to(torch.float64).cumsum(-1)
-    u = (1.0 - torch.rand(probs.size(0), 1, dtype=torch.float64, device=probs.device, generator=generator))
-    return torch.searchsorted(cumulative, u * cumulative[:, -1:]).squeeze(1)
+    rows, n = probs.shape
+    pad = (-n) % block
+    blocks = (torch.nn.functional.pad(probs, (0, pad)) if pad else probs).view(rows, -1, block)
+    sums = blocks.sum(-1, dtype=torch.float64)
+    cumulative = sums.cumsum(-1)
+    u = (1.0 - torch.rand(rows, 1, dtype=torch.float64, device=probs.device, generator=generator)) * cumulative[:, -1:]
+    chosen = torch.searchsorted(cumulative, u).clamp(max=sums.size(1) - 1)  # (rows, 1)
+    inner = blocks[torch.arange(rows, device=probs.device), chosen.squeeze(1)].to(torch.float64).cumsum(-1)
+    rest = u - (cumulative.gather(1, chosen) - sums.gather(1, chosen))  # the number's place inside its block
+    rest = torch.minimum(rest.clamp(min=torch.finfo(torch.float64).tiny), inner[:, -1:])  # rounding: stay on a weight
+    return (chosen * block + torch.searchsorted(inner, rest)).squeeze(1)
 
 
 def _buffer_layer_class():
@@ -212,6 +225,7 @@ def sample(model: Any, prompt_ids: list[list[int]], generation_config: Any, max_
     out: list[list[int]] = [[] for _ in prompt_ids]
     out_logps: list[list[float]] = [[] for _ in prompt_ids]
     temperature = generation_config.temperature or 1.0
+    only_temperature = all(type(w).__name__ == "TemperatureLogitsWarper" for w in process)
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask[:, :width], position_ids=position,
                        **with_cache).logits[:, -1]
@@ -229,8 +243,9 @@ def sample(model: Any, prompt_ids: list[list[int]], generation_config: Any, max_
             for i, t in zip(active.tolist(), token.tolist(), strict=True):
                 if not ended[i]:
                     out[i].append(t)
-            if logprobs:
-                chosen = torch.log_softmax(logits.float() / temperature, dim=-1).gather(1, token[:, None]).squeeze(1)
+            if logprobs:  # log-softmax of logits / T at the token: the scores themselves when T is the only warper
+                base = scores if only_temperature else logits.float() / temperature
+                chosen = (base.gather(1, token[:, None]) - torch.logsumexp(base, dim=-1, keepdim=True)).squeeze(1)
                 for i, lp in zip(active.tolist(), chosen.tolist(), strict=True):
                     if len(out_logps[i]) < len(out[i]):
                         out_logps[i].append(lp)
