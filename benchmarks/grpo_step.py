@@ -254,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="",
                         help="a preset of presets/ (default: none, the embedded defaults)")
-    parser.add_argument("--steps", type=int, default=2,
-                        help="measured generation batches per path, each trainer.steps_per_generation steps (default 2)")
+    parser.add_argument("--steps", type=int, default=3,
+                        help="measured generation batches per path, each trainer.steps_per_generation steps (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="generation batches run first and not measured (default 1)")
     parser.add_argument("--compare", action="store_true", help="today's path and the new one in one run (PATHS)")
     parser.add_argument("--path", choices=sorted(PATHS), default="after", help="the path without --compare (default after)")
