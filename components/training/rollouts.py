@@ -203,6 +203,7 @@ def sample(model: Any, prompt_ids: list[list[int]], generation_config: Any, max_
     returns (token ids, log-probs): each sampled token's log-softmax of the float32 logits divided by
     the temperature (what TRL's log-prob passes compute; top-k/top-p do not enter it)."""
     import torch
+    from transformers.generation import TemperatureLogitsWarper
 
     layers = _full_attention_layers(model)
     if layers is None:
@@ -225,7 +226,7 @@ def sample(model: Any, prompt_ids: list[list[int]], generation_config: Any, max_
     out: list[list[int]] = [[] for _ in prompt_ids]
     out_logps: list[list[float]] = [[] for _ in prompt_ids]
     temperature = generation_config.temperature or 1.0
-    only_temperature = all(type(w).__name__ == "TemperatureLogitsWarper" for w in process)
+    only_temperature = all(isinstance(w, TemperatureLogitsWarper) for w in process)
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask[:, :width], position_ids=position,
                        **with_cache).logits[:, -1]
@@ -240,15 +241,15 @@ def sample(model: Any, prompt_ids: list[list[int]], generation_config: Any, max_
             for warp in process:
                 scores = warp(None, scores)
             token = draw(torch.softmax(scores, dim=-1))
-            for i, t in zip(active.tolist(), token.tolist(), strict=True):
-                if not ended[i]:
-                    out[i].append(t)
+            chosen = None
             if logprobs:  # log-softmax of logits / T at the token: the scores themselves when T is the only warper
                 base = scores if only_temperature else logits.float() / temperature
-                chosen = (base.gather(1, token[:, None]) - torch.logsumexp(base, dim=-1, keepdim=True)).squeeze(1)
-                for i, lp in zip(active.tolist(), chosen.tolist(), strict=True):
-                    if len(out_logps[i]) < len(out[i]):
-                        out_logps[i].append(lp)
+                chosen = (base.gather(1, token[:, None]) - torch.logsumexp(base, dim=-1, keepdim=True)).squeeze(1).tolist()
+            for j, (i, t) in enumerate(zip(active.tolist(), token.tolist(), strict=True)):
+                if not ended[i]:
+                    out[i].append(t)
+                    if chosen is not None:
+                        out_logps[i].append(chosen[j])
             ended[active] |= torch.isin(token, eos)
             live = ~ended[active]
             if step == max_new_tokens - 1 or not live.any():
