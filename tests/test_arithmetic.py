@@ -71,3 +71,21 @@ def test_a_right_answer_from_wrong_work_counts_as_correct_but_not_checked():
     assert "accuracy_checked" not in metrics.item_metrics(old)
     assert reports.headline("grpo", "sft", metrics.compare(old, rows["sft"], "accuracy_flexible")["by_metric"]).endswith(
         ": correctness rose")
+
+
+def test_the_verdict_follows_a_significant_checked_change_that_correctness_does_not_share():
+    """A headline whose first clause is a significant rise in checked accuracy must not end in 'no significant
+    change': the demo's seed-2024 run read '+9.5 points, p = 0.0075; ...: no significant change' when correctness
+    (flexible) missed 0.05."""
+    rose = {"delta": 0.095, "p_value": 0.0075}
+    flat = {"delta": 0.06, "p_value": 0.09}
+    assert reports.verdict(flat, flat, checked=rose) == (
+        "work that holds rose (checked accuracy); the rise in correctness alone is not significant")
+    fell = {"delta": -0.07, "p_value": 0.01}
+    assert reports.verdict(flat, flat, checked=fell) == (
+        "work that holds fell (checked accuracy): more right answers come with an equation shown wrong")
+    # a format-only strict gain with a significant checked rise is not 'format, not correctness'
+    assert reports.verdict({"delta": 0.2, "p_value": 1e-9}, flat, checked=rose).startswith("work that holds rose")
+    # without a significant checked change, the verdicts stay as they were
+    assert reports.verdict(flat, flat, checked=flat) == "no significant change in correctness"
+    assert reports.verdict(flat, flat) == "no significant change in correctness"

@@ -223,7 +223,8 @@ def verdict(strict: dict[str, Any] | None, flexible: dict[str, Any] | None, alph
     answer in the `<answer>` tag, flexible accuracy only the right answer (correctness), checked
     accuracy the right answer with no equation shown wrong (components/problems/arithmetic.py).
     A correctness gain of which the checked accuracy shares less than half is called what it is:
-    mostly right answers reached by wrong work.
+    mostly right answers reached by wrong work; a significant change in checked accuracy that correctness
+    does not share is named, not called "no significant change".
 
     >>> verdict({"delta": 0.095, "p_value": 1e-13}, {"delta": -0.012, "p_value": 0.4})
     'the gain is format, not correctness'
@@ -237,18 +238,28 @@ def verdict(strict: dict[str, Any] | None, flexible: dict[str, Any] | None, alph
     'correctness rose, but not with work that holds: most new right answers come with wrong equations'
     >>> verdict({"delta": 0.15, "p_value": 0.001}, {"delta": 0.15, "p_value": 0.001}, checked={"delta": 0.14, "p_value": 0.06})
     'correctness rose'
+    >>> verdict({"delta": 0.06, "p_value": 0.09}, {"delta": 0.06, "p_value": 0.09}, checked={"delta": 0.095, "p_value": 0.0075})
+    'work that holds rose (checked accuracy); the rise in correctness alone is not significant'
     """
     def significant(r: dict[str, Any] | None, sign: int) -> bool:
         return bool(r) and sign * r["delta"] > 0 and r["p_value"] < alpha
 
-    if significant(strict, 1) and not significant(flexible, 1):
-        return "the gain is format, not correctness" + (" (correctness fell)" if significant(flexible, -1) else "")
     if significant(flexible, 1):
         if checked is not None and checked["delta"] < flexible["delta"] / 2:
             return "correctness rose, but not with work that holds: most new right answers come with wrong equations"
         return "correctness rose"
     if significant(flexible, -1):
+        if significant(strict, 1):
+            return "the gain is format, not correctness (correctness fell)"
         return "correctness fell"
+    # correctness did not change significantly; a significant change in checked accuracy (the headline's first
+    # clause) is named rather than contradicted
+    if significant(checked, 1):
+        return "work that holds rose (checked accuracy); the rise in correctness alone is not significant"
+    if significant(strict, 1):
+        return "the gain is format, not correctness"
+    if significant(checked, -1):
+        return "work that holds fell (checked accuracy): more right answers come with an equation shown wrong"
     return "no significant change in correctness"
 
 
