@@ -564,6 +564,10 @@ def test_target_band_slices_reports_comparison_plot_data_and_mlflow(workspace):
     run = mlflow.search_runs(search_all_experiments=True, order_by=["start_time DESC"], output_format="list")[0]
     assert run.data.metrics["grpo/target/accuracy_flexible"] == m["target"]["accuracy_flexible"]
     assert "grpo_vs_sft/target/accuracy_flexible/p_value" in run.data.metrics
+    # the band change's interval too, as the headline states it (the UI can sort and plot by it)
+    band_res = comparison["target"]["by_metric"]["accuracy_flexible"]
+    assert [run.data.metrics[f"grpo_vs_sft/target/accuracy_flexible/ci95_{end}"] for end in ("low", "high")] == \
+        band_res["ci95"]
     assert any(k.startswith("grpo/steps_") for k in run.data.metrics)
 
 

@@ -370,6 +370,9 @@ def log_to_mlflow(results: Results, comparison: dict[str, Any] | None, paths: li
             for metric, r in res.get(part, {}).get("by_metric", {}).items():
                 for key in ("delta", "p_value"):
                     metrics[metric_key(pair, part, metric, key)] = float(r[key])
+                if r.get("ci95"):  # e.g. grpo_vs_sft/target/accuracy_checked/ci95_low
+                    metrics[metric_key(pair, part, metric, "ci95_low")], \
+                        metrics[metric_key(pair, part, metric, "ci95_high")] = map(float, r["ci95"])
         for key in ("delta", "p_value"):
             metrics[metric_key(pair, key)] = float(res[key])
         metrics[metric_key(pair, "ci95_low")], metrics[metric_key(pair, "ci95_high")] = map(float, res["ci95"])
