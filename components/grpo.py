@@ -89,7 +89,7 @@ def trainer_class(params: Params):
     groups with a reward spread) at every generation; and, with `grpo.informative_groups_only`,
     trains on those groups alone (informative.InformativeGroupsMixin), with the old policy's
     log-probs taken from the batched rollouts when `grpo.old_logps` is `rollout`."""
-    from components.training import informative, logps, rollouts
+    from components.training import informative, lean_passes, logps, rollouts
 
     base = _trainer_class()
     cfg = params.grpo
@@ -126,7 +126,7 @@ def trainer_class(params: Params):
 
             stack = contextlib.ExitStack()
             if cfg.lean_logps:
-                stack.enter_context(logps.compact_lm_head())
+                stack.enter_context(lean_passes.compact_lm_head())
                 if self._cpu_bf16():
                     stack.enter_context(bf16_weights(self.accelerator.unwrap_model(self.model), frozen_linear_only=True))
             return stack

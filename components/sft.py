@@ -126,11 +126,30 @@ def trainer_settings(params: Params) -> tuple[Any, Any]:
     return args, finetune.lora_config(STAGE, cfg.lora) if cfg.use_lora else None
 
 
+def sft_trainer_class(params: Params) -> type:
+    """TRL's SFTTrainer, with `sft.lean_passes` each training step under lean_passes.lean_training_step: the
+    LM head at the completions only and, on a CPU, the math attention kernel and (training in bf16)
+    the frozen weights held in bf16."""
+    from trl import SFTTrainer
+
+    if not params.sft.lean_passes:
+        return SFTTrainer
+
+    from components.training import lean_passes
+
+    class LeanSFTTrainer(SFTTrainer):
+        def training_step(self, *args: Any, **kwargs: Any):
+            device = self.accelerator.device
+            cpu_bf16 = bool(self.args.bf16) and device.type == "cpu"
+            with lean_passes.lean_training_step(self.accelerator.unwrap_model(self.model), device, cpu_bf16):
+                return super().training_step(*args, **kwargs)
+
+    return LeanSFTTrainer
+
+
 def run(params: Params) -> Path:
     """Train and write the SFT model folder; returns its path. Reads top to bottom: settings → data →
     tokenizer and model → dataset and callbacks → trainer → train and save."""
-    from trl import SFTTrainer
-
     from components.models import modelio
     from components.problems.sources import read_split
     from components.training.job import TrainingJob, train_stage
@@ -158,7 +177,7 @@ def run(params: Params) -> Path:
         base = base_ref_for(params.model.base_dir, params.model.name_or_path)
 
     job = TrainingJob(
-        STAGE, params, SFTTrainer, settings, model, tokenizer, dataset,
+        STAGE, params, sft_trainer_class(params), settings, model, tokenizer, dataset,
         inputs=[train, params.model.base_dir], datasets={"train": (train, "training")},
         fingerprint=fingerprint_settings(params), base=base, callbacks=callbacks, metrics=counts,
         after_training=callbacks[0].summary if callbacks else None,

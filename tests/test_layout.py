@@ -255,6 +255,7 @@ RERUNS = {
     "components/training/rollouts.py": {"grpo"},
     "components/training/informative.py": {"grpo"},
     "components/training/logps.py": {"grpo"},
+    "components/training/lean_passes.py": {"grpo", "sft"},
 }
 
 

@@ -195,6 +195,7 @@ class SFTParams:
     plateau_patience: int = _f(0, ge=0)
     plateau_min_delta: float = _f(0.01, ge=0.0)
     sample_size: int = _sample_size()
+    lean_passes: bool = _f(True)
     use_lora: bool = _use_lora()
     lora: dict[str, Any] = _lora()
     trainer: dict[str, Any] = _trainer(SFT_TRAINER_DEFAULTS)

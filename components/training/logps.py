@@ -9,20 +9,19 @@ TRL runs them over one padded batch. Here, besides that:
   about 50: 8 rows of a group cost 8 x 150 tokens padded or per sequence, 100 + 8 x 51 here. The
   numbers are the per-sequence ones (positions from each row's first real token, as in generation);
   the gradient reaches the prompt's tokens through the shared cache.
-- `compact_lm_head()`: the LM head and its log-softmax only at the scored positions (the
-  completions). TRL's fused head scores every position off CUDA and XPU (there, a shape that varies
-  would recompile a kernel), a CPU's prompt positions too: three in four of them for GRPO's prompts.
+- the LM head only at the scored positions (the completions) and PyTorch's math attention kernel:
+  components/training/lean_passes.py, shared with SFT's training step.
 
     unpadded_logps(compute, model, ids, mask, keep)         per sequence, through TRL's own pass
     shared_prefix_logps(model, ids, mask, keep, autocast)   one prefix pass per distinct prompt
     lean_head(head, hidden, labels, temperature)            log-probs (and entropies) at the scored positions
-    compact_lm_head()                                       context: TRL's fused head at scored positions only
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
+
+from components.training.lean_passes import cpu_kernels
 
 
 def unpadded_logps(compute, model, input_ids, attention_mask, logits_to_keep: int, **kwargs: Any):
@@ -118,7 +117,7 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
         of_row = torch.tensor([distinct.setdefault(k, len(distinct)) for k in keys], device=idx.device)
         first_row = torch.tensor([keys.index(k) for k in distinct], device=idx.device)
         cache = DynamicCache(config=model.config)
-        with autocast(), _cpu_kernels(model, input_ids.device):
+        with autocast(), cpu_kernels(model, input_ids.device):
             if cut:
                 body(input_ids=ids[first_row, :cut], attention_mask=mask[first_row, :cut],
                      position_ids=position[first_row, :cut], use_cache=True,
@@ -179,45 +178,3 @@ def lean_head(head: Any, hidden: Any, labels: Any, temperature: float, compute_e
         source = logp if entropy_grad else logp.detach()
         entropy = -(source.exp() * source).sum(-1)
     return chosen, entropy
-
-
-@contextlib.contextmanager
-def _cpu_kernels(model: Any, device: Any):
-    """On a CPU: attention in the math kernel and, under bf16 autocast, no float32 cast of LoRA inputs
-    (autocast casts them to bf16 anyway). Elsewhere nothing changes."""
-    import torch
-
-    if getattr(device, "type", str(device)) != "cpu":
-        yield
-        return
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
-        if torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
-            try:
-                from peft.helpers import disable_input_dtype_casting
-            except ImportError:  # an older peft: its layers cast, autocast casts back
-                pass
-            else:
-                stack.enter_context(disable_input_dtype_casting(model))
-        yield
-
-
-@contextlib.contextmanager
-def compact_lm_head():
-    """Inside, TRL's fused LM head projects and scores only the positions with a label (the
-    completions), as it does on CUDA, on any device. The same log-probs and gradients: the other
-    positions are zeros either way. TRL reads the choice from `trl.trainer.utils._use_triton` at every
-    call; where a TRL version has no such name this does nothing."""
-    import trl.trainer.utils as trl_utils
-
-    original = getattr(trl_utils, "_use_triton", None)
-    if original is None:
-        yield
-        return
-    trl_utils._use_triton = lambda device: True
-    try:
-        yield
-    finally:
-        trl_utils._use_triton = original
