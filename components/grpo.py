@@ -97,7 +97,7 @@ def trainer_class(params: Params):
 
     class Trainer(base):
         def _cpu_bf16(self) -> bool:
-            return bool(self.args.bf16) and self.accelerator.device.type == "cpu"
+            return lean_passes.trains_in_cpu_bf16(self)
 
         def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args: Any, **kwargs: Any):
             if self.use_vllm:  # vLLM holds its own copy of the weights
@@ -122,13 +122,9 @@ def trainer_class(params: Params):
             return out if want else (out, None)
 
         def _passes_context(self) -> contextlib.ExitStack:
-            from components.training.precision import bf16_weights
-
             stack = contextlib.ExitStack()
             if cfg.lean_logps:
-                stack.enter_context(lean_passes.compact_lm_head())
-                if self._cpu_bf16():
-                    stack.enter_context(bf16_weights(self.accelerator.unwrap_model(self.model), frozen_linear_only=True))
+                stack.enter_context(lean_passes.lean_head_and_weights(self.accelerator.unwrap_model(self.model), self._cpu_bf16()))
             return stack
 
         def training_step(self, *args: Any, **kwargs: Any):

@@ -139,9 +139,8 @@ def sft_trainer_class(params: Params) -> type:
 
     class LeanSFTTrainer(SFTTrainer):
         def training_step(self, *args: Any, **kwargs: Any):
-            device = self.accelerator.device
-            cpu_bf16 = bool(self.args.bf16) and device.type == "cpu"
-            with lean_passes.lean_training_step(self.accelerator.unwrap_model(self.model), device, cpu_bf16):
+            with lean_passes.lean_training_step(self.accelerator.unwrap_model(self.model), self.accelerator.device,
+                                                lean_passes.trains_in_cpu_bf16(self)):
                 return super().training_step(*args, **kwargs)
 
     return LeanSFTTrainer

@@ -13,7 +13,9 @@ loss passes (`grpo.lean_logps`, components/training/logps.py) and SFT's training
 
     compact_lm_head()                              context: TRL's fused head at the scored positions only
     cpu_kernels(model, device, bf16=None)          context: the CPU kernels above (bf16 None: ask autocast)
+    lean_head_and_weights(model, cpu_bf16)         context: the head and the bf16 frozen weights (GRPO's passes)
     lean_training_step(model, device, cpu_bf16)    context: all three around one SFT training step
+    trains_in_cpu_bf16(trainer)                    whether a Trainer's steps run under bf16 autocast on a CPU
 """
 
 from __future__ import annotations
@@ -66,18 +68,28 @@ def compact_lm_head():
         trl_utils._use_triton = original
 
 
+def trains_in_cpu_bf16(trainer: Any) -> bool:
+    """Whether a transformers Trainer's steps run under bf16 autocast on a CPU."""
+    return bool(trainer.args.bf16) and trainer.accelerator.device.type == "cpu"
+
+
+@contextlib.contextmanager
+def lean_head_and_weights(model: Any, cpu_bf16: bool):
+    """TRL's fused LM head at the completions only and, where the pass trains under bf16 autocast on a
+    CPU (`cpu_bf16`), the frozen linear weights held in bf16 (GRPO's passes with `grpo.lean_logps`)."""
+    from components.training.precision import bf16_weights
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(compact_lm_head())
+        if cpu_bf16:
+            stack.enter_context(bf16_weights(model, frozen_linear_only=True))
+        yield
+
+
 @contextlib.contextmanager
 def lean_training_step(model: Any, device: Any, cpu_bf16: bool):
     """Around one training step (forward and backward) whose loss goes through TRL's fused LM head
-    (SFTTrainer's): the head at the completions only; on a CPU the math attention kernel; where the step
-    trains under bf16 autocast on a CPU (`cpu_bf16`), the frozen linear weights held in bf16 and no
+    (SFTTrainer's): lean_head_and_weights, and on a CPU the math attention kernel and, with `cpu_bf16`, no
     float32 cast of LoRA inputs. The same loss and gradients to rounding."""
-    from components.training.precision import bf16_weights
-
-    on_cpu = getattr(device, "type", str(device)) == "cpu"
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(compact_lm_head())
-        stack.enter_context(cpu_kernels(model, device, bf16=cpu_bf16))
-        if on_cpu and cpu_bf16:
-            stack.enter_context(bf16_weights(model, frozen_linear_only=True))
+    with lean_head_and_weights(model, cpu_bf16), cpu_kernels(model, device, bf16=cpu_bf16):
         yield
