@@ -56,9 +56,12 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 demo: venv vllm
 	$(VENV)/bin/grpoflow run
 
-# The tiers split on the `slow` marker (tests/slow/); both print their slowest tests.
+# The tiers split on the `slow` marker (tests/slow/); both print their slowest tests. The fast tier
+# runs on TEST_WORKERS pytest-xdist workers (auto: one a core, at most 4; tests/conftest.py gives
+# each worker's torch cores / workers threads); TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= auto
 test: venv
-	$(PY) -m pytest -q -m "not slow" --durations=15 tests
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --maxprocesses 4 --durations=15 tests
 
 test-slow: venv venv-vllm venv-lmeval
 	$(PY) -m pytest -q -m slow --durations=15 tests

@@ -29,6 +29,15 @@ for key, value in {
 # first start on 2 busy cores) must be raised here, before any test module imports prefect.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
 
+# Under pytest-xdist (`make test` runs a worker a core) each worker owns cores / workers threads, set
+# before torch is imported and inherited by the stages' subprocesses: workers of as many threads as
+# the machine has cores slow each other down.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(key, str(max(1, _cores // _WORKERS)))
+
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
