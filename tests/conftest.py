@@ -42,6 +42,15 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
+# The slow tier's longest scenario, a third of its time: under pytest-xdist (`make test-slow`) it is
+# handed out first, so that the other scenarios share the remaining workers beside it.
+LONGEST_FIRST = ("tests/slow/test_real_model.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: not item.nodeid.startswith(LONGEST_FIRST))  # stable: the rest keep their order
+
+
 @pytest.fixture(autouse=True)
 def isolated_state(tmp_path_factory, monkeypatch):
     """Point MLflow, Prefect, DVC's site cache, HF caches and grpoflow's base cache at a per-test temp folder."""
