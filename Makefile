@@ -2,7 +2,7 @@
 #   make demo      run the pipeline on the embedded defaults (CPU, no downloads), evaluating on vLLM
 #                  (builds the vLLM environment first: see `make vllm`)
 #   make test      the test suite a change must pass: unit, component and in-process flow tests and
-#                  one small real pipeline run (about 8 minutes on 2 cores; needs only .venv)
+#                  one small real pipeline run (about 10 minutes on 2 cores; needs only .venv)
 #   make test-slow the pipeline scenarios on one shared baseline run: restore, kill/resume, reproduce,
 #                  serve, compare, gate, deploy, concurrent runs, vLLM parity, the real model, the
 #                  lm-eval protocol beside the harness itself (about 32 minutes on 2 cores, on
