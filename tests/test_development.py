@@ -205,25 +205,15 @@ def test_the_guides_name_files_and_tests_that_exist():
         assert section in GUIDE
 
 
-SLOW_ORDER = '''
-import sys, pytest
-class Order:
-    def pytest_collection_finish(self, session):
-        for item in session.items:
-            print("ITEM", item.nodeid, sep="\\t")
-sys.exit(pytest.main(["--collect-only", "-q", "-m", "slow", "-p", "no:cacheprovider", "tests/slow"], plugins=[Order()]))
-'''
-
-
 def test_the_slow_tier_shares_its_scenarios_out_longest_first():
     """`make test-slow` runs on pytest-xdist workers and hands the SmolLM2 scenario, its longest, out first:
     left to its place in the alphabet it started last and ran alone while the other worker idled."""
     make = (REPO / "Makefile").read_text()
     recipe = make[make.index("\ntest-slow:"):].split("\n\n")[0]
     assert "-n $(TEST_WORKERS)" in recipe, recipe
-    res = subprocess.run([sys.executable, "-c", SLOW_ORDER], cwd=REPO, capture_output=True, text=True, timeout=300)
+    res = pytest_in(REPO, "--collect-only", "-m", "slow", "tests/slow")  # prints the node ids in run order
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    items = [line.split("\t")[1] for line in res.stdout.splitlines() if line.startswith("ITEM\t")]
+    items = [line for line in res.stdout.splitlines() if "::" in line]
     assert len(items) > 20 and items[0].startswith("tests/slow/test_real_model.py::"), items[:3]
     rest = [node.split("::")[0] for node in items[1:]]
     assert rest == sorted(rest), "the other scenarios keep their collection order"
