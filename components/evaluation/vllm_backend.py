@@ -115,6 +115,8 @@ HARMLESS = (
     "is not found in LD_PRELOAD",  # a speed hint (tcmalloc, libiomp)
     "Warning: NUMA binding:",  # torch's note on the CPU worker's memory policy
     "Reset SSM cache type to float32 for accelerated GDN",  # any model on a CPU with avx512_bf16: vLLM's own default
+    "VLLM_CPU_NUM_OF_RESERVED_CPU is less than the minimum requirement",  # vllm_worker.py bind_threads, on purpose
+    "is set; leaving Torch threads at",  # a CPU engine's model on more than one thread (bind_threads: 2 on 2 cores)
     "[shutdown] Process manager: force killing remaining process",  # the engine's exit, results written
     "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup",  # the same exit, seen from the client
     "[shutdown] force killing sub process VLLM::Worker",  # the same exit: the engine's worker, results written

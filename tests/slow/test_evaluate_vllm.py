@@ -69,6 +69,12 @@ def test_vllm_engine_log_goes_to_its_file_and_the_console_shows_progress_only(tm
     assert any(line.startswith("Processed prompts: 100%") for line in console)
     records = [line for line in log.read_text().splitlines() if VLLM_RECORD.match(line)]
     assert len(records) > 20 and any(" INFO " in line for line in records)
+    # on a machine of up to 4 CPUs no core is kept from the model for vLLM's scheduler (vLLM's own binding keeps one)
+    user_set = {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU"} & set(os.environ)
+    if len(os.sched_getaffinity(0)) <= 4 and not user_set:
+        text = log.read_text()
+        assert "reserve_cpu_num=0" in text and "reserved_cpus=[]" in text, [
+            line for line in text.splitlines() if "reserve" in line]
 
 
 def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys, monkeypatch):
@@ -115,3 +121,19 @@ def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys, monkeypat
     assert not differing, f"{len(differing)} of {len(hf)} greedy completions differ, e.g. {differing[:3]}"
     assert [i["correct"] for i in hf] == [i["correct"] for i in vl]
     assert [i["completion_tokens"] for i in hf] == [i["completion_tokens"] for i in vl]
+
+
+def test_the_throughput_benchmark_compares_grpoflows_thread_binding_with_vllms_own(capsys):
+    """`benchmarks/eval_throughput.py --compare-binding` runs the same fixed-length work on vLLM-CPU with
+    grpoflow's binding (every allowed core) and vLLM's own (`auto`), and reports the ratio."""
+    needs_vllm()
+    if vllm_importable():
+        pytest.skip("vLLM runs in this process here (a GPU route): no CPU thread binding to compare")
+    from benchmarks import eval_throughput
+
+    argv = ["--n", "8", "--new-tokens", "8", "--dtype", "float32", "--skip-naive", "--compare-binding"]
+    assert eval_throughput.main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["tokens_per_completion"] == [8] and result["naive_cps"] is None
+    assert len(result["vllm_runs_cps"]) == len(result["vllm_auto_binding_runs_cps"]) == 1
+    assert result["binding_speedup"] == result["vllm_cps"] / result["vllm_auto_binding_cps"] > 0
