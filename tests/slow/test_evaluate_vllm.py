@@ -123,15 +123,17 @@ def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys, monkeypat
     assert [i["completion_tokens"] for i in hf] == [i["completion_tokens"] for i in vl]
 
 
-def test_the_throughput_benchmark_compares_grpoflows_thread_binding_with_vllms_own(capsys):
-    """`benchmarks/eval_throughput.py --compare-binding` runs the same fixed-length work on vLLM-CPU with
-    grpoflow's binding (every allowed core) and vLLM's own (`auto`), and reports the ratio."""
+def test_the_throughput_benchmark_compares_grpoflows_thread_binding_with_vllms_own(tmp_path, capsys, monkeypatch):
+    """`benchmarks/eval_throughput.py --model DIR --compare-binding` runs the same fixed-length work on a saved
+    model through vLLM-CPU with grpoflow's binding and vLLM's own (`auto`), and reports the ratio."""
     needs_vllm()
     if vllm_importable():
         pytest.skip("vLLM runs in this process here (a GPU route): no CPU thread binding to compare")
     from benchmarks import eval_throughput
 
-    argv = ["--n", "8", "--new-tokens", "8", "--dtype", "float32", "--skip-naive", "--compare-binding"]
+    tiny_model(tmp_path, monkeypatch)
+    argv = ["--model", str(tmp_path / "model"), "--n", "8", "--new-tokens", "8", "--dtype", "float32", "--skip-naive",
+            "--compare-binding"]
     assert eval_throughput.main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["tokens_per_completion"] == [8] and result["naive_cps"] is None
