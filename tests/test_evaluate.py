@@ -525,16 +525,21 @@ def test_vllm_processes_do_not_print_the_known_harmless_reduce_op_warning():
 
 def test_a_small_cpu_machine_gives_vllm_every_core_unless_the_user_binds_it():
     """vLLM-CPU's own binding keeps one core for its scheduler (on 2 cores the model ran on one thread); on a
-    machine of up to 4 CPUs the worker asks for no reserved core, leaves a user's setting of either variable
-    alone, and leaves larger machines and engines of several ranks to vLLM."""
+    machine of up to 4 CPUs the worker asks for no reserved core. A caller's OMP_NUM_THREADS below the CPUs
+    is its thread budget (the engine runs unpinned on it); a user's setting of either vLLM variable, larger
+    machines and engines of several ranks are left to vLLM."""
     from components.evaluation import vllm_worker as w
 
-    assert w.reserved_setting({}, 2) == w.reserved_setting({}, 4) == "0"
-    assert w.reserved_setting({}, 1) == "0"
-    assert w.reserved_setting({}, 5) is None
-    assert w.reserved_setting({"VLLM_CPU_OMP_THREADS_BIND": "auto"}, 2) is None
-    assert w.reserved_setting({"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}, 2) is None
-    assert w.reserved_setting({}, 2, ranks=2) is None
+    none_kept = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    assert w.binding_settings({}, 2) == w.binding_settings({}, 4) == w.binding_settings({}, 1) == none_kept
+    assert w.binding_settings({"OMP_NUM_THREADS": "2"}, 2) == none_kept  # the budget is the machine
+    assert w.binding_settings({"OMP_NUM_THREADS": "1"}, 2) == {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    assert w.binding_settings({"OMP_NUM_THREADS": "4"}, 16) == {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    assert w.binding_settings({"OMP_NUM_THREADS": "x"}, 2) == none_kept
+    assert w.binding_settings({}, 5) == {}
+    assert w.binding_settings({"VLLM_CPU_OMP_THREADS_BIND": "auto"}, 2) == {}
+    assert w.binding_settings({"VLLM_CPU_NUM_OF_RESERVED_CPU": "1", "OMP_NUM_THREADS": "1"}, 2) == {}
+    assert w.binding_settings({}, 2, ranks=2) == {}
     assert w._ranks({"tensor_parallel_size": 2}) == 2 and w._ranks({}) == 1
     assert w.server_ranks(["--model", "m", "--tensor-parallel-size=2", "-dp", "2"]) == 4
     assert w.server_ranks(["--model", "m", "--port", "8000"]) == 1

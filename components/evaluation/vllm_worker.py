@@ -55,23 +55,39 @@ CPU_DEFAULTS = {
 # On a machine of up to SMALL_MACHINE CPUs that reservation costs a quarter or more of the model's
 # cores, so grpoflow asks for none there (VLLM_CPU_NUM_OF_RESERVED_CPU=0): the model's threads on
 # every core vLLM would pick (one per physical core of the first NUMA node), the scheduler beside
-# them (benchmarks/RESULTS.md measured both on 2 cores). Either variable in the environment is the
-# user's choice and wins; engines of several ranks keep vLLM's own binding.
+# them (benchmarks/RESULTS.md measured both on 2 cores). A caller that gave this process fewer threads
+# than CPUs (OMP_NUM_THREADS: two jobs side by side, or pytest-xdist workers) keeps that budget: the
+# engine runs unpinned on that many threads (VLLM_CPU_OMP_THREADS_BIND=nobind), not on every core
+# beside the other job. Either vLLM variable in the environment is the user's choice and wins;
+# engines of several ranks keep vLLM's own binding.
 THREADS_BIND = "VLLM_CPU_OMP_THREADS_BIND"
 RESERVED = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 SMALL_MACHINE = 4
 
 
-def reserved_setting(environ, cpus: int, ranks: int = 1) -> str | None:
-    """The VLLM_CPU_NUM_OF_RESERVED_CPU grpoflow sets for a CPU engine of `ranks` ranks on a machine
-    whose process may use `cpus` CPUs, or None where it leaves vLLM's own.
-
-    >>> reserved_setting({}, 2), reserved_setting({}, 16), reserved_setting({RESERVED: "1"}, 2), reserved_setting({}, 2, 2)
-    ('0', None, None, None)
-    """
-    if THREADS_BIND in environ or RESERVED in environ or ranks != 1 or cpus > SMALL_MACHINE:
+def _budget(environ) -> int | None:
+    try:
+        threads = int(environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
         return None
-    return "0"
+    return threads if threads > 0 else None
+
+
+def binding_settings(environ, cpus: int, ranks: int = 1) -> dict[str, str]:
+    """The vLLM-CPU variables grpoflow sets for an engine of `ranks` ranks in a process that may use
+    `cpus` CPUs ({} where it leaves vLLM's own binding).
+
+    >>> binding_settings({}, 2), binding_settings({}, 16), binding_settings({"OMP_NUM_THREADS": "1"}, 2)
+    ({'VLLM_CPU_NUM_OF_RESERVED_CPU': '0'}, {}, {'VLLM_CPU_OMP_THREADS_BIND': 'nobind'})
+    >>> binding_settings({RESERVED: "1"}, 2), binding_settings({}, 2, ranks=2)
+    ({}, {})
+    """
+    if THREADS_BIND in environ or RESERVED in environ or ranks != 1:
+        return {}
+    budget = _budget(environ)
+    if budget is not None and budget < cpus:
+        return {THREADS_BIND: "nobind"}
+    return {RESERVED: "0"} if cpus <= SMALL_MACHINE else {}
 
 
 def allowed_cpus() -> int:
@@ -83,11 +99,9 @@ def allowed_cpus() -> int:
 
 
 def bind_threads(ranks: int) -> None:
-    """grpoflow's reservation for a CPU engine, in this process's environment: vLLM's engine processes
-    inherit it, and its log's "OpenMP thread binding info" record shows the cores used."""
-    value = reserved_setting(os.environ, allowed_cpus(), ranks)
-    if value is not None:
-        os.environ[RESERVED] = value
+    """grpoflow's thread binding for a CPU engine, in this process's environment: vLLM's engine
+    processes inherit it, and its log's "OpenMP thread binding info" record shows the cores used."""
+    os.environ.update(binding_settings(os.environ, allowed_cpus(), ranks))
 
 
 def _on_cpu() -> bool:
