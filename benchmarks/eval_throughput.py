@@ -47,7 +47,13 @@ from components.evaluation.generation import (  # noqa: E402
     generate,
     transformers_generate,
 )
-from components.evaluation.vllm_worker import THREADS_BIND, allowed_cpus  # noqa: E402
+from components.evaluation.vllm_worker import (  # noqa: E402
+    RESERVED,
+    THREADS_BIND,
+    allowed_cpus,
+    binding_settings,
+    thread_budget,
+)
 from components.models.modelio import load_model, load_tokenizer, save_model  # noqa: E402
 from components.problems import gsm8k  # noqa: E402
 from pipelines.params.config import DataParams, ModelParams  # noqa: E402
@@ -79,17 +85,21 @@ def saved_model(root: Path, model_dir: Path, n: int) -> tuple[Path, list[str], i
 
 
 def vllm_run(model_dir, prompts, settings, tok, binding: str | None):
-    """One vLLM generation with VLLM_CPU_OMP_THREADS_BIND set to `binding` (None: grpoflow's choice,
-    components/evaluation/vllm_worker.py bind_threads; "auto" alone: vLLM's own)."""
-    saved = os.environ.pop(THREADS_BIND, None)
+    """One vLLM generation; `binding` None: the environment as it is (grpoflow's rule, components/evaluation/
+    vllm_worker.py binding_settings, or the user's own variables); "auto": vLLM's own binding. The binding
+    variables are restored afterwards (an in-process engine leaves grpoflow's in the environment)."""
+    saved = {key: os.environ.get(key) for key in (THREADS_BIND, RESERVED)}
     if binding is not None:
+        os.environ.pop(RESERVED, None)
         os.environ[THREADS_BIND] = binding
     try:
         return generate(model_dir, prompts, settings, "vllm", tokenizer=tok)
     finally:
-        os.environ.pop(THREADS_BIND, None)
-        if saved is not None:
-            os.environ[THREADS_BIND] = saved
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads",
         type=int,
-        default=allowed_cpus(),
-        help="torch threads for the transformers runs (default: the CPUs this process may use)",
+        default=thread_budget(os.environ) or allowed_cpus(),
+        help="torch threads for the transformers runs (default: OMP_NUM_THREADS, else the CPUs this process may use)",
     )
     args = parser.parse_args(argv)
 
@@ -172,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             result["vllm_load_seconds"] = vllm.load_seconds
             result["vllm_version"] = vllm.details.get("vllm_version")
             result["allowed_cpus"] = allowed_cpus()
+            ours_env = {k: os.environ[k] for k in (THREADS_BIND, RESERVED) if k in os.environ}
+            result["vllm_binding"] = ours_env or binding_settings(os.environ, allowed_cpus()) or "vLLM's own"
             for g in ours + own:
                 result["tokens_per_completion"] = sorted(set(result["tokens_per_completion"]) | set(g.num_tokens))
             if own:

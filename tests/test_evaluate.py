@@ -543,6 +543,27 @@ def test_a_small_cpu_machine_gives_vllm_every_core_unless_the_user_binds_it():
     assert w._ranks({"tensor_parallel_size": 2}) == 2 and w._ranks({}) == 1
     assert w.server_ranks(["--model", "m", "--tensor-parallel-size=2", "-dp", "2"]) == 4
     assert w.server_ranks(["--model", "m", "--port", "8000"]) == 1
+    assert w.server_ranks(["--tensor_parallel_size", "2"]) == 2 and w.server_ranks(["-pcp", "2", "-tp", "2"]) == 4
+    assert w.server_ranks(["--config", "serve.yaml"]) == w.server_ranks(["-tp", "two"]) == w._ranks({"tensor_parallel_size": "x"}) == 0
+    assert w.binding_settings({}, 2, ranks=0) == {}  # unknown ranks: vLLM's own binding
+
+
+def test_the_binding_benchmark_runs_vllms_own_binding_and_gives_the_environment_back(monkeypatch):
+    """`eval_throughput.py --compare-binding`'s runs: grpoflow's (the environment as the user left it, their
+    own variable included) and vLLM's own (`auto`, no reservation setting); both variables restored after."""
+    import os
+
+    from benchmarks import eval_throughput
+
+    seen = []
+    monkeypatch.setattr(eval_throughput, "generate", lambda *a, **k: seen.append(
+        (os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"))))
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    eval_throughput.vllm_run("m", [], None, None, None)
+    eval_throughput.vllm_run("m", [], None, None, "auto")
+    assert seen == [(None, "1"), ("auto", None)]
+    assert os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1" and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
 
 
 def test_the_console_shows_vllm_warnings_that_ask_something_and_not_the_known_harmless_ones():

@@ -65,7 +65,8 @@ RESERVED = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 SMALL_MACHINE = 4
 
 
-def _budget(environ) -> int | None:
+def thread_budget(environ) -> int | None:
+    """OMP_NUM_THREADS as a positive number, else None."""
     try:
         threads = int(environ.get("OMP_NUM_THREADS", ""))
     except ValueError:
@@ -84,7 +85,7 @@ def binding_settings(environ, cpus: int, ranks: int = 1) -> dict[str, str]:
     """
     if THREADS_BIND in environ or RESERVED in environ or ranks != 1:
         return {}
-    budget = _budget(environ)
+    budget = thread_budget(environ)
     if budget is not None and budget < cpus:
         return {THREADS_BIND: "nobind"}
     return {RESERVED: "0"} if cpus <= SMALL_MACHINE else {}
@@ -182,27 +183,43 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ranks(engine_args: dict[str, Any]) -> int:
+    """The engine's ranks (tensor x pipeline x data x prefill-context parallel); 0 where a size is not a number."""
     ranks = 1
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-        ranks *= int(engine_args.get(key) or 1)
+    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "prefill_context_parallel_size"):
+        try:
+            ranks *= int(engine_args.get(key) or 1)
+        except (TypeError, ValueError):
+            return 0
     return ranks
 
 
 def server_ranks(args: list[str]) -> int:
-    """The engine ranks `vllm serve` arguments ask for (tensor x pipeline x data parallel).
+    """The engine ranks `vllm serve` arguments ask for (tensor x pipeline x data x prefill-context parallel);
+    0 (unknown: vLLM's own binding) where a size is not a number or a --config file may set one.
 
     >>> server_ranks(["--model", "m"]), server_ranks(["--tensor-parallel-size", "2", "-pp=2"])
     (1, 4)
+    >>> server_ranks(["--tensor_parallel_size", "2"]), server_ranks(["--config", "c.yaml"]), server_ranks(["-tp", "x"])
+    (2, 0, 0)
     """
     flags = {"--tensor-parallel-size": "tp", "-tp": "tp", "--pipeline-parallel-size": "pp", "-pp": "pp",
-             "--data-parallel-size": "dp", "-dp": "dp"}
-    sizes = {"tp": 1, "pp": 1, "dp": 1}
+             "--data-parallel-size": "dp", "-dp": "dp", "--prefill-context-parallel-size": "pcp", "-pcp": "pcp"}
+    sizes = {"tp": 1, "pp": 1, "dp": 1, "pcp": 1}
     for i, arg in enumerate(args):
         flag, eq, value = arg.partition("=")
+        flag = "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
+        if flag == "--config":
+            return 0
         if flag in flags:
-            value = value if eq else (args[i + 1] if i + 1 < len(args) else "1")
-            sizes[flags[flag]] = int(value)
-    return sizes["tp"] * sizes["pp"] * sizes["dp"]
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            try:
+                sizes[flags[flag]] = int(value)
+            except ValueError:
+                return 0
+    ranks = 1
+    for size in sizes.values():
+        ranks *= size
+    return ranks
 
 
 def server_args(args: list[str]) -> list[str]:
