@@ -59,29 +59,25 @@ from components.problems import gsm8k  # noqa: E402
 from pipelines.params.config import DataParams, ModelParams  # noqa: E402
 
 
-def build_model(root: Path, n: int) -> tuple[Path, list[str], int]:
+def build_model(root: Path, n: int) -> tuple[Path, list[str]]:
     data.write_splits(
         DataParams(output_dir=str(root / "data"), synthetic_train_size=400, synthetic_test_size=max(n, 1))
     )
     cfg = ModelParams(seed=0, tiny_hidden_size=512, tiny_num_layers=6, tiny_num_heads=8,
                       tiny_intermediate_size=1536, tiny_max_positions=1024)
     model, tok = model_stage.build_tiny(cfg, root / "data/train.jsonl")
-    n_params = sum(p.numel() for p in model.parameters())
     save_model(model, tok, root / "model")
     rows = [json.loads(line) for line in (root / "data/test.jsonl").read_text().splitlines()][:n]
     prompts = [gsm8k.render_prompt(r["question"], tok) for r in rows]
-    return root / "model", prompts, n_params
+    return root / "model", prompts
 
 
-def saved_model(root: Path, model_dir: Path, n: int) -> tuple[Path, list[str], int]:
+def saved_model(root: Path, model_dir: Path, n: int) -> tuple[Path, list[str]]:
     """A saved model (its own tokenizer) and n synthetic problems in the training prompt."""
-    from components.models.modelio import load_model as load
-
     data.write_splits(DataParams(output_dir=str(root / "data"), synthetic_train_size=10, synthetic_test_size=max(n, 1)))
     tok = load_tokenizer(model_dir)
-    n_params = sum(p.numel() for p in load(model_dir, dtype="float32").parameters())
     rows = [json.loads(line) for line in (root / "data/test.jsonl").read_text().splitlines()][:n]
-    return model_dir, [gsm8k.render_prompt(r["question"], tok) for r in rows], n_params
+    return model_dir, [gsm8k.render_prompt(r["question"], tok) for r in rows]
 
 
 def vllm_run(model_dir, prompts, settings, tok, binding: str | None):
@@ -133,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="grpoflow-bench-") as tmp:
         if args.model:
-            model_dir, prompts, n_params = saved_model(Path(tmp), args.model, args.n)
+            model_dir, prompts = saved_model(Path(tmp), args.model, args.n)
         else:
-            model_dir, prompts, n_params = build_model(Path(tmp), args.n)
+            model_dir, prompts = build_model(Path(tmp), args.n)
         settings = GenerationSettings(
             max_new_tokens=args.new_tokens,
             ignore_eos=True,
@@ -145,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         tok = load_tokenizer(model_dir)
         model = load_model(model_dir, dtype=args.dtype, to_gpu=True).eval()
+        n_params = sum(p.numel() for p in model.parameters())
         prompt_ids, _ = encode_prompts(tok, prompts, args.new_tokens, 1024)
         eos = [tok.eos_token_id]
 

@@ -132,10 +132,11 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     }
     if request.get("max_model_len"):
         engine_args["max_model_len"] = int(request["max_model_len"])
-    if _on_cpu():
+    on_cpu = _on_cpu()
+    if on_cpu:
         engine_args.update(CPU_DEFAULTS)
     engine_args.update(request.get("vllm_args") or {})
-    if _on_cpu():
+    if on_cpu:
         bind_threads(_ranks(engine_args))
     engine_args["load_format"] = "safetensors"  # weights from safetensors only, never pickles (*.bin)
     llm = LLM(**engine_args)
@@ -178,7 +179,7 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
         "seconds": t2 - t1,
         "sample_seconds": t3 - t2,
         "vllm_version": getattr(vllm, "__version__", "unknown"),
-        "device": "cpu" if _on_cpu() else "gpu",
+        "device": "cpu" if on_cpu else "gpu",
     }
 
 
@@ -194,32 +195,25 @@ def _ranks(engine_args: dict[str, Any]) -> int:
 
 
 def server_ranks(args: list[str]) -> int:
-    """The engine ranks `vllm serve` arguments ask for (tensor x pipeline x data x prefill-context parallel);
-    0 (unknown: vLLM's own binding) where a size is not a number or a --config file may set one.
+    """The engine ranks `vllm serve` arguments ask for (`_ranks` of their parallel sizes); 0 (unknown:
+    vLLM's own binding) where a size is not a number or a --config file may set one.
 
     >>> server_ranks(["--model", "m"]), server_ranks(["--tensor-parallel-size", "2", "-pp=2"])
     (1, 4)
     >>> server_ranks(["--tensor_parallel_size", "2"]), server_ranks(["--config", "c.yaml"]), server_ranks(["-tp", "x"])
     (2, 0, 0)
     """
-    flags = {"--tensor-parallel-size": "tp", "-tp": "tp", "--pipeline-parallel-size": "pp", "-pp": "pp",
-             "--data-parallel-size": "dp", "-dp": "dp", "--prefill-context-parallel-size": "pcp", "-pcp": "pcp"}
-    sizes = {"tp": 1, "pp": 1, "dp": 1, "pcp": 1}
+    short = {"-tp": "tensor_parallel_size", "-pp": "pipeline_parallel_size", "-dp": "data_parallel_size",
+             "-pcp": "prefill_context_parallel_size"}
+    sizes: dict[str, Any] = {}
     for i, arg in enumerate(args):
         flag, eq, value = arg.partition("=")
-        flag = "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
-        if flag == "--config":
+        key = short.get(flag) or (flag[2:].replace("-", "_") if flag.startswith("--") else "")
+        if key == "config":
             return 0
-        if flag in flags:
-            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            try:
-                sizes[flags[flag]] = int(value)
-            except ValueError:
-                return 0
-    ranks = 1
-    for size in sizes.values():
-        ranks *= size
-    return ranks
+        if key in short.values():
+            sizes[key] = value if eq else (args[i + 1] if i + 1 < len(args) else "?")  # "?": no value, not a number
+    return _ranks(sizes)
 
 
 def server_args(args: list[str]) -> list[str]:

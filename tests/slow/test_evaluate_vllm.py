@@ -56,6 +56,7 @@ def test_vllm_engine_log_goes_to_its_file_and_the_console_shows_progress_only(tm
         pytest.skip("vLLM runs in this process here: the worker's log file is the subprocess route's")
     from components.evaluation.generation import GenerationSettings, generate
     from components.evaluation.vllm_backend import VLLM_RECORD
+    from components.evaluation.vllm_worker import allowed_cpus, binding_settings
 
     monkeypatch.chdir(tmp_path)
     tiny_model(tmp_path, monkeypatch)
@@ -74,12 +75,11 @@ def test_vllm_engine_log_goes_to_its_file_and_the_console_shows_progress_only(tm
     # is kept from the model for vLLM's scheduler (vLLM's own binding keeps one)
     text = log.read_text()
     binding = [line for line in text.splitlines() if "ompmultiprocessing" in line]
-    cpus, budget = len(os.sched_getaffinity(0)), os.environ.get("OMP_NUM_THREADS", "")
-    if not {"VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU"} & set(os.environ):
-        if budget.isdigit() and 0 < int(budget) < cpus:
-            assert "VLLM_CPU_OMP_THREADS_BIND='nobind'" in text and "skip_setup=True" in text, binding
-        elif cpus <= 4:
-            assert "reserve_cpu_num=0" in text and "reserved_cpus=[]" in text, binding
+    expected = binding_settings(os.environ, allowed_cpus())
+    if expected.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
+        assert "VLLM_CPU_OMP_THREADS_BIND='nobind'" in text and "skip_setup=True" in text, binding
+    elif expected.get("VLLM_CPU_NUM_OF_RESERVED_CPU") == "0":
+        assert "reserve_cpu_num=0" in text and "reserved_cpus=[]" in text, binding
 
 
 def test_vllm_and_transformers_give_the_same_answers(tmp_path, capsys, monkeypatch):
