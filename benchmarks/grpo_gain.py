@@ -44,7 +44,8 @@ every seed's paired items with exact McNemar tests.
 A gain in accuracy_in_format or accuracy_flexible is a gain in correctness; a gain in
 format_rate alone is a gain in following the answer format. GRPO beating the continued-SFT
 control says the gain is not just more training for the same compute. Sampled accuracy rising
-while pass@k falls is GRPO sharpening onto its modes. Every run so far: benchmarks/RESULTS.md.
+while pass@k falls is GRPO sharpening onto its modes. The current figures: benchmarks/RESULTS.md; every
+run so far: benchmarks/archive/.
 
     python benchmarks/grpo_gain.py                     # the claim: defaults, no network
     python benchmarks/grpo_gain.py -S grpo.trainer.max_steps=50 --keep /tmp/gain --k 0 --no-control
