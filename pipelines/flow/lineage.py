@@ -61,7 +61,7 @@ from components.common.tracking import (
 from components.evaluation.reports import read_metrics
 from pipelines.execution.gitrepo import git_state
 from pipelines.execution.group_watchdog import proc_stat
-from pipelines.results import STAGE_ATTR, StageResult, interrupted_stage
+from pipelines.handoff import STAGE_ATTR, StageResult, interrupted_stage
 
 FLOW_NAME = "training-pipeline"
 # Run tags (all under TAG_PREFIX). On stage runs: the md5 of the stage's dvc.lock entry.
@@ -348,7 +348,7 @@ def failure_recorded(
     describe: Callable[[PipelineRun, list[StageResult], BaseException], object] | None = None,
 ) -> Iterator[None]:
     """On a stage failure, record the stages so far and the failed one on the parent run, tag it with
-    the error's first line (ERROR_TAG: the failed stage's own error line, pipelines/results.py
+    the error's first line (ERROR_TAG: the failed stage's own error line, pipelines/handoff.py
     failure_message), let `describe` write the run's description, then re-raise."""
     try:
         yield
