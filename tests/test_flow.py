@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from pipelines.execution.dvc_ops import LineLog, StageFailed, stage_order
-from pipelines.flow.lineage import PipelineRun
 from pipelines.flow.pipeline import run_stage, training_pipeline
 from pipelines.flow.runlock import PipelineLocked, pipeline_lock
+from pipelines.handoff import PipelineRun
 from pipelines.params.config import ConfigError, write_overrides
 from tests.toy_repo import make_tiny_model, make_toy_repo, write_toy_params
 

@@ -54,10 +54,18 @@ from pipelines.execution.placement import submit
 from pipelines.execution.runtime import prefect_api_log
 from pipelines.execution.services import service_env_defaults
 from pipelines.flow import lineage
-from pipelines.flow.lineage import FLOW_NAME, PipelineRun, failure_recorded, flow_run_name, parent_run
+from pipelines.flow.lineage import FLOW_NAME, failure_recorded, flow_run_name, parent_run
 from pipelines.flow.runlock import pipeline_lock
 from pipelines.flow.summary import links, publish_failure, publish_mlflow, run_summary, summary_markdown
-from pipelines.handoff import Decision, NotRegistered, Registration, RunSummary, StageResult, failure_message
+from pipelines.handoff import (
+    Decision,
+    NotRegistered,
+    PipelineRun,
+    Registration,
+    RunSummary,
+    StageResult,
+    failure_message,
+)
 from pipelines.params.overrides import check_remote_overrides, write_overrides
 
 __all__ = ["training_pipeline", "StageFailed", "TransientError"]

@@ -31,8 +31,8 @@ from components.evaluation.reports import (
     read_comparison,
     read_metrics,
 )
-from pipelines.flow.lineage import PipelineRun, run_name
-from pipelines.handoff import Decision, NotRegistered, Registration, RunSummary, StageResult
+from pipelines.flow.lineage import run_name
+from pipelines.handoff import Decision, NotRegistered, PipelineRun, Registration, RunSummary, StageResult
 
 SUMMARY_KEYS = ("accuracy_strict", "accuracy_flexible", "format_rate", "sampled_accuracy_strict", "pass_at_k_strict",
                 "maj_at_k_strict", "n")
