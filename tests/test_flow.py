@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from pipelines.execution.dvc_ops import LineLog, StageFailed, stage_order
-from pipelines.flow.lineage import PipelineRun
 from pipelines.flow.pipeline import run_stage, training_pipeline
 from pipelines.flow.runlock import PipelineLocked, pipeline_lock
+from pipelines.handoff import PipelineRun
 from pipelines.params.config import ConfigError, write_overrides
 from tests.toy_repo import make_tiny_model, make_toy_repo, write_toy_params
 
@@ -275,7 +275,7 @@ def test_no_registration_when_dvc_push_failed(toy):
 
 def test_summary_names_the_evaluation_backend():
     from pipelines.flow.summary import format_run_summary
-    from pipelines.results import NotRegistered, RunSummary
+    from pipelines.handoff import NotRegistered, RunSummary
 
     metrics = {
         name: {"backend": "vllm", "vllm_version": "0.32.0", "num_samples": 8, "sample_temperature": 0.8,
@@ -422,7 +422,7 @@ def test_summary_states_correctness_and_format_apart():
     from components.evaluate import comparisons
     from components.evaluation.metrics import item_metrics as score
     from pipelines.flow.summary import format_run_summary, summary_markdown
-    from pipelines.results import NotRegistered, RunSummary
+    from pipelines.handoff import NotRegistered, RunSummary
 
     def items(right: int, tagged: int) -> list[dict[str, object]]:
         return [{"id": f"q{i}", "correct": i < min(right, tagged), "correct_flexible": i < right,
@@ -457,7 +457,7 @@ def test_summary_states_the_target_bands_checked_accuracy_first_with_its_interva
     from components.evaluate import comparisons
     from components.evaluation.metrics import band_metrics, item_metrics
     from pipelines.flow.summary import format_run_summary, summary_markdown
-    from pipelines.results import NotRegistered, RunSummary
+    from pipelines.handoff import NotRegistered, RunSummary
 
     def items(right: int, checked: int, right_other: int) -> list[dict[str, object]]:
         """100 problems of 3 steps (the target band), then 300 of 1 or 2 steps."""

@@ -1,7 +1,8 @@
 """The code's layout, as docs/files.md describes it: no import cycle, nothing imports the CLI,
-shared pieces never import a stage, small modules, dvc.yaml deps equal to the project modules a
-stage imports (a change to any of them must re-run the stage, and nothing else does), and the
-table of which stages a change to a module re-runs (RERUNS)."""
+imports run down the layers (inside pipelines/ too), shared pieces never import a stage, small
+modules, dvc.yaml deps equal to the project modules a stage imports (a change to any of them must
+re-run the stage, and nothing else does), and the table of which stages a change to a module
+re-runs (RERUNS)."""
 
 from __future__ import annotations
 
@@ -108,7 +109,12 @@ LAYERS = (
     ("components.problems", "components.models"),
     ("components.training", "components.evaluation"),
     tuple(f"components.{s}" for s in STAGES),
-    ("pipelines",),
+    ("pipelines", "pipelines.handoff"),  # the hand-off types, at the bottom of pipelines/
+    ("pipelines.params",),
+    ("pipelines.execution",),
+    ("pipelines.registry", "pipelines.evaluation"),
+    ("pipelines.flow",),
+    ("pipelines.cli",),
     ("benchmarks",),
 )
 
@@ -129,14 +135,20 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 def test_the_layer_check_catches_an_upward_import():
     assert layer("components.common.params") == 0 and layer("components.problems.bands") == 1
-    assert layer("components.grpo") == 3 and layer("pipelines.flow.run") == 4
+    assert layer("components.grpo") == 3 and layer("pipelines.handoff") == 4 and layer("pipelines.flow.run") == 8
+    assert layer("pipelines.registry.register") == layer("pipelines.evaluation.grading") == 7
+    assert layer("pipelines.cli") == 9 and layer("benchmarks.grpo_gain") == 10
     assert upward_imports({"components.common.params_rules": {"components.problems.bands"}}) == [
         "components.common.params_rules -> components.problems.bands"]
     assert upward_imports({"components.problems.bands": {"components.common.errors"}}) == []
+    assert upward_imports({"pipelines.execution.x": {"pipelines.flow.y", "pipelines.handoff"}}) == [
+        "pipelines.execution.x -> pipelines.flow.y"]
+    assert upward_imports({"pipelines.registry.x": {"pipelines.evaluation.y", "pipelines.execution.z"}}) == []
 
 
 def test_imports_run_down_the_layers():
-    """common < problems, models < training, evaluation < the six stages < pipelines < benchmarks."""
+    """common < problems, models < training, evaluation < the six stages < pipelines < benchmarks; inside
+    pipelines/: handoff < params < execution < registry, evaluation < flow < cli."""
     bench = {f"benchmarks.{p.stem}": imports(p, set(MODULES) | {f"benchmarks.{q.stem}" for q in (REPO / "benchmarks").glob("*.py")})
              for p in (REPO / "benchmarks").glob("*.py")}
     assert upward_imports({**GRAPH, **bench}) == []

@@ -10,14 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.flow.lineage import (
-    _VLLM_VERSION,
-    EVAL_BACKEND_TAG,
-    VLLM_VERSION_TAG,
-    PipelineRun,
-    record,
-    vllm_engine_version,
-)
+from pipelines.execution.vllm_version import _VLLM_VERSION, vllm_engine_version
+from pipelines.flow.lineage import EVAL_BACKEND_TAG, VLLM_VERSION_TAG, record
+from pipelines.handoff import PipelineRun
 from pipelines.params.config import load_params
 
 REPO = Path(__file__).resolve().parents[1]

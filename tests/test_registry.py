@@ -393,8 +393,8 @@ def test_the_decision_kinds_are_the_ones_produced():
     import ast
     import typing
 
+    from pipelines.handoff import DecisionKind
     from pipelines.registry import moves, promotion
-    from pipelines.results import DecisionKind
 
     produced = set()
     for node in (n for m in (promotion, moves) for n in ast.walk(ast.parse(Path(m.__file__).read_text()))):
@@ -547,7 +547,7 @@ def test_registered_items_changed_or_gone_stop_the_gate_in_one_line_writing_noth
 
 
 def test_gating_a_version_not_in_the_registry_is_one_line_exit_2(repo, capsys):
-    from pipelines.results import Registration
+    from pipelines.handoff import Registration
 
     params = load_params()
     code, lines = gate_exit(params, Registration("grpoflow-policy", "99", created=False), repo, capsys)

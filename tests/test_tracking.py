@@ -233,7 +233,7 @@ def test_summary_links_to_the_tracking_servers_own_ui():
     import dataclasses
 
     from pipelines.flow.summary import format_run_summary
-    from pipelines.results import NotRegistered, RunSummary
+    from pipelines.handoff import NotRegistered, RunSummary
 
     summary = RunSummary(name="", run_id="r1", experiment_id="3", tracking_uri="", pull="skipped", push="skipped",
                          stages=[], metrics={}, comparison={}, registration=NotRegistered("register.enabled is false"), decision=None, reports={})

@@ -22,8 +22,7 @@ from components.common.params import Params
 from pipelines.execution import dvc_ops
 from pipelines.execution.dvc_ops import StageFailed, default_remote, entry_md5, stage_env
 from pipelines.execution.gitrepo import changed_files, head_commit
-from pipelines.flow.lineage import PipelineRun
-from pipelines.results import StageResult
+from pipelines.handoff import PipelineRun, StageResult
 
 
 def placements(params: Params) -> dict[str, str]:

@@ -40,7 +40,7 @@ from pipelines.execution.dvc_ops import (
 )
 from pipelines.execution.gitrepo import own_workdir, working_copy
 from pipelines.execution.services import service_env_defaults
-from pipelines.results import failure_message
+from pipelines.handoff import failure_message
 
 STAGE_FLOW = "grpoflow-stage"
 RESULT_ARTIFACT = "stage_result.json"

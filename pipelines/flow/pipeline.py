@@ -12,7 +12,7 @@ reports `ran`, `restored` (from DVC's run cache) or `skipped` by comparing the s
 another process, a failed spawn) but never a stage command that failed. No Prefect caching
 anywhere: dvc.lock is the one cache of stage work.
 
-A stage that fails ends the flow with its own error line first (results.failure_message), tagged
+A stage that fails ends the flow with its own error line first (handoff.failure_message), tagged
 `grpoflow.error` on the parent run, whose description starts with it (summary.publish_failure).
 
 The run is named `<short commit> <overrides>` (`rerun` added when no stage ran) in Prefect and
@@ -54,11 +54,19 @@ from pipelines.execution.placement import submit
 from pipelines.execution.runtime import prefect_api_log
 from pipelines.execution.services import service_env_defaults
 from pipelines.flow import lineage
-from pipelines.flow.lineage import FLOW_NAME, PipelineRun, failure_recorded, flow_run_name, parent_run
+from pipelines.flow.lineage import FLOW_NAME, failure_recorded, flow_run_name, parent_run
 from pipelines.flow.runlock import pipeline_lock
 from pipelines.flow.summary import links, publish_failure, publish_mlflow, run_summary, summary_markdown
+from pipelines.handoff import (
+    Decision,
+    NotRegistered,
+    PipelineRun,
+    Registration,
+    RunSummary,
+    StageResult,
+    failure_message,
+)
 from pipelines.params.overrides import check_remote_overrides, write_overrides
-from pipelines.results import Decision, NotRegistered, Registration, RunSummary, StageResult, failure_message
 
 __all__ = ["training_pipeline", "StageFailed", "TransientError"]
 

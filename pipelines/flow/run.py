@@ -23,8 +23,8 @@ from components.common.entry import fail
 from components.common.params import Params
 from components.common.tracking import repo_root, resolve_tracking_uri
 from pipelines.execution.group_watchdog import proc_stat
+from pipelines.handoff import Interrupted, interrupted_stage
 from pipelines.params.config import load_checked
-from pipelines.results import Interrupted, interrupted_stage
 
 
 def cli_run(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""What a pipeline run reports at its end: the run summary (pipelines/results.py RunSummary, the
+"""What a pipeline run reports at its end: the run summary (pipelines/handoff.py RunSummary, the
 flow's return value), its terminal rendering, and the same story in MLflow and Prefect.
 
     run_summary(run, params, stages, pulled, pushed, registration, decision)   the RunSummary
@@ -31,8 +31,8 @@ from components.evaluation.reports import (
     read_comparison,
     read_metrics,
 )
-from pipelines.flow.lineage import PipelineRun, run_name
-from pipelines.results import Decision, NotRegistered, Registration, RunSummary, StageResult
+from pipelines.flow.lineage import run_name
+from pipelines.handoff import Decision, NotRegistered, PipelineRun, Registration, RunSummary, StageResult
 
 SUMMARY_KEYS = ("accuracy_strict", "accuracy_flexible", "format_rate", "sampled_accuracy_strict", "pass_at_k_strict",
                 "maj_at_k_strict", "n")
@@ -221,7 +221,7 @@ def summary_markdown(s: RunSummary) -> str:
 
 def failure_markdown(error: BaseException | str, stages: list[StageResult]) -> str:
     """A failed run's description: the error's first line first (a failed stage's own error line,
-    pipelines/results.py failure_message), then the stages so far.
+    pipelines/handoff.py failure_message), then the stages so far.
 
     >>> print(failure_markdown("stage 'data' failed: data/x.jsonl line 3: no 'question'\\n(dvc exit 1)", [StageResult("data", "failed")]))
     **Failed:** stage 'data' failed: data/x.jsonl line 3: no 'question'

@@ -18,6 +18,7 @@ import time
 from components.common.errors import RegistryError
 from components.common.params import Params
 from components.common.params_rules import check_model_name
+from pipelines.handoff import Decision
 from pipelines.registry.lease import Lease, registry_lease
 from pipelines.registry.register import (
     CHAMPION,
@@ -27,7 +28,6 @@ from pipelines.registry.register import (
     alias_version,
     client_for,
 )
-from pipelines.results import Decision
 
 # Who decided and when (version tags, written with the decision): what a later no-op run reports.
 DECIDED_BY_TAG = "promotion.decided_by_run"

@@ -42,6 +42,7 @@ from components.common.params import Params
 from components.common.tracking import repo_root
 from components.evaluation.reports import ITEM_COLUMNS, headline, item_column
 from components.problems.bands import band_label, in_band, parse_band
+from pipelines.handoff import Decision, Registration
 from pipelines.params.config import load_checked
 from pipelines.registry.lease import registry_lease
 from pipelines.registry.moves import (
@@ -66,7 +67,6 @@ from pipelines.registry.register import (
     client_for,
     registered_items,
 )
-from pipelines.results import Decision, Registration
 
 REEVALUATIONS = 3  # champions re-evaluated by one gate before it gives up the race as superseded
 

@@ -32,8 +32,8 @@ from components.common.params import Params
 from components.common.tracking import configure, package_versions, repo_root
 from components.evaluation.reports import read_comparison, read_item_rows, read_items, read_metrics
 from components.models import adapters
+from pipelines.handoff import Registration
 from pipelines.registry.lease import registry_lease
-from pipelines.results import Registration
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"

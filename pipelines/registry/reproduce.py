@@ -39,6 +39,7 @@ from components.evaluation.reports import read_metrics
 from pipelines.execution.dvc_ops import default_remote, stage_env
 from pipelines.execution.gitrepo import has_commit, working_copy
 from pipelines.execution.services import check_remote
+from pipelines.execution.vllm_version import vllm_engine_version
 from pipelines.params.config import load_params
 
 METRIC_TAG = "metric."
@@ -134,8 +135,6 @@ def caveats(version_tags: dict[str, str], run_tags: dict[str, str], params: Para
     recorded = {k[len(VERSION_TAG) :]: v for k, v in run_tags.items() if k.startswith(VERSION_TAG)}
     here = package_versions(tuple(recorded))
     if "vllm" in recorded and params is not None:  # the vLLM evaluation runs on, maybe in its own venv
-        from pipelines.flow.lineage import vllm_engine_version
-
         here["vllm"] = vllm_engine_version(params.evaluate.vllm_python)
     differ = [f"{p} {v} (run) vs {here[p]} (here)" for p, v in sorted(recorded.items()) if here[p] != v]
     if differ:

@@ -20,9 +20,9 @@ import traceback
 from pathlib import Path
 
 from components.common.errors import GrpoflowError
+from pipelines.handoff import Registration
 from pipelines.params.config import load_params
 from pipelines.registry.promotion import force_promote, gate, rollback
-from pipelines.results import Registration
 
 REPO = Path(__file__).resolve().parents[2]
 OVERRIDES = ['evaluate.target_band=""', "register.min_items=100"]

@@ -1,5 +1,7 @@
-"""What crosses the training flow's task boundaries, typed: a stage task's result and the run summary.
+"""What crosses the training flow's task boundaries, typed: the pipeline run every task is given, a stage
+task's result and the run summary. It imports nothing of the project: every layer of pipelines/ may use it.
 
+    PipelineRun   the checkout and the MLflow parent run (lineage.parent_run yields it) that every task needs
     StageResult   one stage: ran | restored | skipped | failed, seconds, its dvc.lock entry's md5, and
                   (added by lineage.record) its MLflow run or the earlier run that produced its outputs
     RunSummary    the run: what `grpoflow run` prints (summary.format_run_summary), the MLflow description
@@ -21,6 +23,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """What every task of one pipeline run needs: where the checkout is and where it is tracked."""
+
+    root: str
+    run_id: str
+    tracking_uri: str
 
 
 @dataclass
