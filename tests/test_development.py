@@ -1,9 +1,9 @@
 """docs/development.md's guides are followed once: "Adding a stage" adds a throwaway stage `noop` to a
 copy of the repository (module, params section, params.yaml with its help, dvc.yaml's stage with the code
-deps `make deps` writes, docs/files.md) and touches those files only, "Adding a param" adds a key in its
-two places and nothing else,
-the layout and params tests pass on the copy and the stage runs there; leaving out one step makes the
-test the guide names for it fail. Every file and test the guides name exists. `make test-slow` hands
+deps `make deps` writes, its device class in infra/prefect.yaml, docs/files.md) and touches those files
+only, "Adding a param" adds a key in its two places and nothing else,
+the layout, params and placement tests pass on the copy and the stage runs there; leaving out one step
+makes the test the guide names for it fail. Every file and test the guides name exists. `make test-slow` hands
 its longest scenario out first.
 
     pytest -q tests/test_development.py
@@ -65,8 +65,7 @@ def sh(args: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
 
 
 def add_noop_stage(root: Path, leave_out: str = "") -> None:
-    """The guide's steps for a stage `noop` but step 5, infra/prefect.yaml (tests/test_infra.py's), and the
-    stage table of docs/pipeline.md (no test reads it)."""
+    """The guide's steps for a stage `noop`, but for the stage table of docs/pipeline.md (no test reads it)."""
     (root / "components" / "noop.py").write_text(NOOP_MODULE)
     params = root / "components" / "common" / "params.py"
     edit(params, "\n\nSECTIONS: dict[str, type] = {", '''
@@ -89,6 +88,8 @@ SECTIONS: dict[str, type] = {''')
          "    params:\n      - noop\n    outs:\n      - reports/noop.json\n\n# `dvc plots show`")
     if leave_out != "deps":  # `make deps` writes its code deps (`-o venv`: this interpreter's, not a new .venv)
         sh(["make", "--no-print-directory", "-o", "venv", "deps", f"PY={sys.executable}"], root, check=True)
+    if leave_out != "resources":
+        edit(root / "infra" / "prefect.yaml", "    evaluate: gpu\n", "    evaluate: gpu\n    noop: cpu\n")
     if leave_out != "files":
         edit(root / "docs" / "files.md", "- `components/evaluate.py` —",
              "- `components/noop.py` — stage `noop`: a throwaway stage\n- `components/evaluate.py` —")
@@ -119,9 +120,12 @@ def stage_copy(clone: Path, dest: Path, leave_out: str = "", add_stage: bool = T
 
 CHECKS = ["tests/test_layout.py", "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it",
           "tests/test_config.py::test_config_command_explains_every_key_as_yaml",
-          "tests/test_config.py::test_repo_params_load_and_match_dataclass_defaults"]
+          "tests/test_config.py::test_repo_params_load_and_match_dataclass_defaults",
+          "tests/test_infra.py::test_prefect_yaml_pools_images_and_gpu_requests_agree",
+          "tests/test_infra.py::test_stage_placement_dvc_stages_and_stage_deployments_agree"]
 # The files the walk-through touches; every other file is derived from them or left as it was.
-STAGE_FILES = ["components/common/params.py", "components/noop.py", "docs/files.md", "dvc.yaml", "params.yaml"]
+STAGE_FILES = ["components/common/params.py", "components/noop.py", "docs/files.md", "dvc.yaml", "infra/prefect.yaml",
+               "params.yaml"]
 
 
 def pytest_in(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -178,6 +182,7 @@ def test_adding_a_param_takes_the_two_steps_the_guide_names(clone, tmp_path):
 @pytest.mark.parametrize("guide, step, test", [
     ("stage", "deps", "tests/test_layout.py::test_dvc_deps_list_every_module_the_stage_imports"),
     ("stage", "help", "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it"),
+    ("stage", "resources", "tests/test_infra.py::test_prefect_yaml_pools_images_and_gpu_requests_agree"),
     ("stage", "files", "tests/test_layout.py::test_file_list_follows_the_tree"),
     ("param", "help", "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it"),
     ("param", "default", "tests/test_config.py::test_repo_params_load_and_match_dataclass_defaults"),
