@@ -165,20 +165,27 @@ def render(text: str, deps: dict[str, list[str]]) -> str:
     return new
 
 
+def _code(deps: list | None) -> list[str]:
+    """The code deps among a stage's parsed `deps`."""
+    return [d for d in deps or [] if isinstance(d, str) and CODE_DEP.match(f"- {d}")]
+
+
 def _without_code_deps(dvc: dict) -> dict:
     for entry in dvc["stages"].values():
-        entry["deps"] = [d for d in entry.get("deps") or [] if not (isinstance(d, str) and CODE_DEP.match(f"- {d}"))]
+        entry["deps"] = [d for d in entry.get("deps") or [] if d not in _code([d])]
     return dvc
 
 
 def _check_only_code_deps_changed(old: str, new: str, deps: dict[str, list[str]]) -> None:
     """The rewrite, parsed: the stages of `deps` list exactly those code deps, and nothing else changed."""
-    after = yaml.safe_load(new)
-    listed = {s: [d for d in after["stages"][s]["deps"] if isinstance(d, str) and CODE_DEP.match(f"- {d}")]
-              for s in deps}
+    try:
+        after = yaml.safe_load(new)
+        listed = {s: _code(after["stages"][s].get("deps")) for s in deps}
+    except (yaml.YAMLError, AttributeError, KeyError, TypeError):
+        after, listed = None, None
     if listed != deps or _without_code_deps(yaml.safe_load(old)) != _without_code_deps(after):
-        raise AssertionError("pipelines/execution/stage_deps.py rewrote more than the code deps of dvc.yaml; "
-                             "nothing was written")
+        raise ValueError("pipelines/execution/stage_deps.py would change more of dvc.yaml than its code deps "
+                         "(a layout it does not know); nothing was written")
 
 
 def differences(root: Path) -> list[str]:
@@ -188,12 +195,11 @@ def differences(root: Path) -> list[str]:
     stages = yaml.safe_load(text)["stages"]
     out = []
     for stage, deps in want.items():
-        have = [d for d in stages[stage].get("deps") or [] if isinstance(d, str) and CODE_DEP.match(f"- {d}")]
+        have = _code(stages[stage].get("deps"))
         missing, extra = sorted(set(deps) - set(have)), sorted(set(have) - set(deps))
-        if missing or extra:
-            out.append(f"stage {stage}: " + "; ".join(
-                [*(["missing " + ", ".join(missing)] if missing else []),
-                 *(["not imported " + ", ".join(extra)] if extra else [])]))
+        words = [f"missing {', '.join(missing)}"] * bool(missing) + [f"not imported {', '.join(extra)}"] * bool(extra)
+        if words:
+            out.append(f"stage {stage}: {'; '.join(words)}")
     if not out and render(text, want) != text:
         out.append("the code deps are in another order or place than `make deps` writes them")
     return out
