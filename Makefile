@@ -19,6 +19,7 @@
 #                  that runs its gsm8k task beside `--protocol lm-eval-gsm8k`
 #   make ui        serve the MLflow UI on 127.0.0.1:5000
 #   make lock      re-record requirements/constraints.txt from .venv
+#   make deps      write each stage's code deps in dvc.yaml from its imports (after adding or moving an import)
 # On a GPU machine choose the torch build, e.g.
 #   make demo TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 
@@ -38,7 +39,7 @@ export DVC_NO_ANALYTICS ?= 1
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export HF_HUB_DISABLE_TELEMETRY ?= 1
 
-.PHONY: venv demo test test-slow bench ui lock clean
+.PHONY: venv demo test test-slow bench ui lock deps clean
 
 venv: $(STAMP)
 
@@ -78,6 +79,11 @@ lock: venv
 	@{ echo "# The working set grpoflow was built and tested with (pip freeze, torch excluded:"; \
 	   echo "# the Makefile installs torch first, TORCH_SPEC picks the build). Regenerate: make lock"; \
 	   $(PIP) freeze --exclude-editable | grep -viE '^(torch|grpoflow)[=@ ]'; } > requirements/constraints.txt
+
+# A stage's code deps are the project modules it imports, directly or not: pipelines/execution/stage_deps.py
+# rewrites only those lines of dvc.yaml; tests/test_layout.py fails when dvc.yaml differs from what it writes.
+deps: venv
+	$(PY) -m pipelines.execution.stage_deps
 
 # Only a venv make created (its .grpoflow-made mark) is removed: a .venv the user made, which the
 # targets installed into, stays.

@@ -1,8 +1,9 @@
 """docs/development.md's guides are followed once: "Adding a stage" adds a throwaway stage `noop` to a
-copy of the repository (module, params section, params.yaml with its help, dvc.yaml, RERUNS, docs/files.md),
-"Adding a param" adds a key in its two places and nothing else,
-the layout and params tests pass on the copy and the stage runs there; leaving out one step makes the
-test the guide names for it fail. Every file and test the guides name exists. `make test-slow` hands
+copy of the repository (module, params section, params.yaml with its help, dvc.yaml's stage with the code
+deps `make deps` writes, its device class in infra/prefect.yaml, docs/files.md) and touches those files
+only, "Adding a param" adds a key in its two places and nothing else,
+the layout, params and placement tests pass on the copy and the stage runs there; leaving out one step
+makes the test the guide names for it fail. Every file and test the guides name exists. `make test-slow` hands
 its longest scenario out first.
 
     pytest -q tests/test_development.py
@@ -64,7 +65,7 @@ def sh(args: list[str], cwd: Path, **kw) -> subprocess.CompletedProcess:
 
 
 def add_noop_stage(root: Path, leave_out: str = "") -> None:
-    """The guide's steps 1-5 and 7 for a stage `noop` (step 6, infra/prefect.yaml, is tests/test_infra.py's)."""
+    """The guide's steps for a stage `noop`, but for the stage table of docs/pipeline.md (no test reads it)."""
     (root / "components" / "noop.py").write_text(NOOP_MODULE)
     params = root / "components" / "common" / "params.py"
     edit(params, "\n\nSECTIONS: dict[str, type] = {", '''
@@ -83,22 +84,12 @@ SECTIONS: dict[str, type] = {''')
          "  # Where the evaluate stage runs.\n  evaluate: local\n  # Where the noop stage runs.\n  noop: local\n")
     help_line = "" if leave_out == "help" else "  # The noop stage's output.\n"
     p.write_text(p.read_text() + f"\nnoop:\n{help_line}  output_file: reports/noop.json\n")
-    deps = sh([sys.executable, "-c", "import sys; sys.path.insert(0, 'tests'); import test_layout as t; "
-               "print('\\n'.join(sorted(str(t.MODULES[m].relative_to(t.REPO)) for m in t.closure('components.noop') "
-               "if not t.is_package(m))))"], root, check=True).stdout.split()
-    if leave_out == "dep":
-        deps.remove("components/common/files.py")
-    dvc = root / "dvc.yaml"
-    edit(dvc, "\n# `dvc plots show`", "  noop:\n    cmd: python -m components.noop\n    deps:\n"
-         + "".join(f"      - {d}\n" for d in deps) + "    params:\n      - noop\n    outs:\n      - reports/noop.json\n"
-         + "\n# `dvc plots show`")
-    if leave_out != "reruns":
-        layout = root / "tests" / "test_layout.py"
-        text = layout.read_text()
-        for d in deps:
-            text = re.sub(rf'^(    "{re.escape(d)}": {{)(.*)}},$', r'\1\2, "noop"},', text, flags=re.M)
-        text = text.replace("RERUNS = {\n", 'RERUNS = {\n    "components/noop.py": {"noop"},\n', 1)
-        layout.write_text(text)
+    edit(root / "dvc.yaml", "\n# `dvc plots show`", "  noop:\n    cmd: python -m components.noop\n"
+         "    params:\n      - noop\n    outs:\n      - reports/noop.json\n\n# `dvc plots show`")
+    if leave_out != "deps":  # `make deps` writes its code deps (`-o venv`: this interpreter's, not a new .venv)
+        sh(["make", "--no-print-directory", "-o", "venv", "deps", f"PY={sys.executable}"], root, check=True)
+    if leave_out != "resources":
+        edit(root / "infra" / "prefect.yaml", "    evaluate: gpu\n", "    evaluate: gpu\n    noop: cpu\n")
     if leave_out != "files":
         edit(root / "docs" / "files.md", "- `components/evaluate.py` —",
              "- `components/noop.py` — stage `noop`: a throwaway stage\n- `components/evaluate.py` —")
@@ -129,15 +120,29 @@ def stage_copy(clone: Path, dest: Path, leave_out: str = "", add_stage: bool = T
 
 CHECKS = ["tests/test_layout.py", "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it",
           "tests/test_config.py::test_config_command_explains_every_key_as_yaml",
-          "tests/test_config.py::test_repo_params_load_and_match_dataclass_defaults"]
+          "tests/test_config.py::test_repo_params_load_and_match_dataclass_defaults",
+          "tests/test_infra.py::test_prefect_yaml_pools_images_and_gpu_requests_agree",
+          "tests/test_infra.py::test_stage_placement_dvc_stages_and_stage_deployments_agree"]
+# The files the walk-through touches; every other file is derived from them or left as it was.
+STAGE_FILES = ["components/common/params.py", "components/noop.py", "docs/files.md", "dvc.yaml", "infra/prefect.yaml",
+               "params.yaml"]
 
 
 def pytest_in(root: Path, *args: str) -> subprocess.CompletedProcess:
     return sh([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *args], root)
 
 
+def changed(root: Path) -> list[str]:
+    """The files that differ from git's index, new ones included."""
+    edited = sh(["git", "diff", "--name-only"], root, check=True).stdout.split()
+    return sorted(edited + sh(["git", "ls-files", "--others", "--exclude-standard"], root, check=True).stdout.split())
+
+
 def test_adding_a_stage_as_the_guide_says(clone, tmp_path):
-    root = stage_copy(clone, tmp_path / "repo")
+    root = stage_copy(clone, tmp_path / "repo", add_stage=False)
+    add_noop_stage(root)
+    assert changed(root) == STAGE_FILES
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
     res = pytest_in(root, *CHECKS)
     assert res.returncode == 0, res.stdout[-3000:]
     ran = sh([sys.executable, "-m", "components.noop"], root)
@@ -175,9 +180,9 @@ def test_adding_a_param_takes_the_two_steps_the_guide_names(clone, tmp_path):
 
 
 @pytest.mark.parametrize("guide, step, test", [
-    ("stage", "dep", "tests/test_layout.py::test_dvc_deps_list_every_module_the_stage_imports"),
+    ("stage", "deps", "tests/test_layout.py::test_dvc_deps_list_every_module_the_stage_imports"),
     ("stage", "help", "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it"),
-    ("stage", "reruns", "tests/test_layout.py::test_the_rerun_table_covers_every_module_a_stage_imports"),
+    ("stage", "resources", "tests/test_infra.py::test_prefect_yaml_pools_images_and_gpu_requests_agree"),
     ("stage", "files", "tests/test_layout.py::test_file_list_follows_the_tree"),
     ("param", "help", "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it"),
     ("param", "default", "tests/test_config.py::test_repo_params_load_and_match_dataclass_defaults"),

@@ -31,7 +31,6 @@ from tests.servers import prefect_server as prefect_server_cmd
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"
 BIN = Path(sys.executable).parent
-GPU_STAGES = {"sft", "selection", "grpo", "evaluate"}
 
 
 def run(cmd: list[str], timeout: float = 180, **kw) -> subprocess.CompletedProcess:
@@ -321,17 +320,8 @@ def test_prefect_yaml_pools_images_and_gpu_requests_agree():
     prefect = load_yaml(INFRA / "prefect.yaml")
     defs = prefect["definitions"]
     resources = defs["stage_resources"]
-    assert set(dvc_stages()) <= set(resources), (
-        f"stages without a resource class: {set(dvc_stages()) - set(resources)}"
-    )
-    assert {s for s, r in resources.items() if r == "gpu"} == GPU_STAGES
+    assert sorted(resources) == sorted(dvc_stages()), "stage_resources names each dvc.yaml stage once"
     assert set(resources.values()) == {"cpu", "gpu"}
-    # the header's sentence names the same stages (it once left selection out)
-    header = " ".join(line.lstrip("# ") for line in (INFRA / "prefect.yaml").read_text().splitlines() if line.startswith("#"))
-    named = re.search(r"Resources: the ([\w, ]+) stages need a GPU, ([\w, ]+) a CPU", header)
-    assert named, "infra/prefect.yaml's header no longer says which stages need a GPU"
-    assert set(re.findall(r"\w+", named.group(1))) - {"and"} == GPU_STAGES
-    assert set(re.findall(r"\w+", named.group(2))) - {"and"} == set(dvc_stages()) - GPU_STAGES
     pools = {p["name"] for p in defs["work_pools"].values()}
     assert pools == {"grpoflow-process", "grpoflow-docker", "grpoflow-kubernetes"}
     templates = pool_templates()
@@ -359,26 +349,46 @@ def test_prefect_yaml_pools_images_and_gpu_requests_agree():
 
 
 def test_stage_placement_dvc_stages_and_stage_deployments_agree():
-    """One deployment per dvc.yaml stage and work pool kind, named as placement.<stage> finds it, running
-    pipelines/execution/stage.py; a GPU only for the GPU stages."""
-    from pipelines.execution.stage import STAGE_FLOW
+    """The stage deployments take the stage as a parameter: one per work pool kind, and on docker and
+    kubernetes one per device class; each dvc.yaml stage placed on a kind is submitted (placement.py's
+    stage_deployment) to a deployment of that pool with a GPU exactly when its stage_resources says gpu."""
+    import inspect
+
+    from pipelines.execution.placement import DEVICE_CLASSES, stage_deployment
+    from pipelines.execution.stage import STAGE_FLOW, stage_flow
     from pipelines.params.config import PLACEMENTS, SECTIONS
 
     placed = {f.name for f in __import__("dataclasses").fields(SECTIONS["placement"])}
     assert placed == set(dvc_stages())
     kinds = [k for k in PLACEMENTS if k != "local"]
-    stage_deployments = {d["name"]: d for d in load_yaml(INFRA / "prefect.yaml")["deployments"]
+    prefect = load_yaml(INFRA / "prefect.yaml")
+    stage_deployments = {d["name"]: d for d in prefect["deployments"]
                          if d["entrypoint"] == "pipelines/execution/stage.py:stage_flow"}
-    assert set(stage_deployments) == {f"{s}-{k}" for s in dvc_stages() for k in kinds}
-    flow_name = ast_flow_name(REPO / "pipelines" / "execution" / "stage.py", "stage_flow")
-    assert flow_name == STAGE_FLOW
+    assert set(stage_deployments) == {"stage-process"} | {f"stage-{k}-{c}" for k in kinds if k != "process"
+                                                          for c in DEVICE_CLASSES}
+    assert ast_flow_name(REPO / "pipelines" / "execution" / "stage.py", "stage_flow") == STAGE_FLOW
+    assert "stage" in inspect.signature(stage_flow.fn).parameters
     pools = {"process": "grpoflow-process", "docker": "grpoflow-docker", "kubernetes": "grpoflow-kubernetes"}
+    resources = prefect["definitions"]["stage_resources"]
     for stage in dvc_stages():
         for kind in kinds:
-            d = stage_deployments[f"{stage}-{kind}"]
+            d = stage_deployments[stage_deployment(stage, kind, REPO)]
             assert d["work_pool"]["name"] == pools[kind]
+            assert "parameters" not in d, d["name"]  # the stage and the rest come with each submission
             if kind != "process":
-                assert is_gpu(d) == (stage in GPU_STAGES), d["name"]
+                assert is_gpu(d) == (resources[stage] == "gpu"), (stage, d["name"])
+
+
+def test_a_stage_without_a_device_class_fails_before_anything_runs(tmp_path):
+    from components.common.errors import ConfigError
+    from pipelines.execution.placement import stage_deployment
+
+    (tmp_path / "infra").mkdir()
+    (tmp_path / "infra" / "prefect.yaml").write_text("definitions:\n  stage_resources:\n    data: cpu\n")
+    assert stage_deployment("data", "kubernetes", tmp_path) == "stage-kubernetes-cpu"
+    assert stage_deployment("noop", "process", tmp_path) == "stage-process"
+    with pytest.raises(ConfigError, match="add `noop: cpu` or `noop: gpu` under definitions.stage_resources"):
+        stage_deployment("noop", "docker", tmp_path)
 
 
 def ast_flow_name(path, func: str) -> str:

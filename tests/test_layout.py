@@ -1,8 +1,7 @@
 """The code's layout, as docs/files.md describes it: no import cycle, nothing imports the CLI,
-imports run down the layers (inside pipelines/ too), shared pieces never import a stage, small
-modules, dvc.yaml deps equal to the project modules a stage imports (a change to any of them must
-re-run the stage, and nothing else does), and the table of which stages a change to a module
-re-runs (RERUNS)."""
+imports run down the layers (inside pipelines/ too), shared pieces never import a stage, small modules,
+and dvc.yaml's code deps as `make deps` writes them from the imports (a change to any module a stage
+imports must re-run the stage, and nothing else does)."""
 
 from __future__ import annotations
 
@@ -13,8 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipelines.execution import stage_deps
+from pipelines.execution.stage_deps import PACKAGES, import_graph, imported, module_files
+
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("components", "pipelines")
 STAGES = list(yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"])
 MAX_LINES = 400
 FLOW_MAX_LINES = 250
@@ -25,37 +26,12 @@ def is_package(module: str) -> bool:
     return MODULES[module].name == "__init__.py"
 
 
-def modules() -> dict[str, Path]:
-    files = [p for d in PACKAGES for p in (REPO / d).rglob("*.py")]
-    return {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p for p in files}
-
-
-def imports(path: Path, known: set[str]) -> set[str]:
-    """Project modules `path` imports anywhere (module level or inside functions)."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-        else:
-            continue
-        out |= {n for n in names if n in known}
-    return out
-
-
-MODULES = modules()
-GRAPH = {m: imports(p, set(MODULES)) - {m} for m, p in MODULES.items()}
+MODULES = module_files(REPO)
+GRAPH = import_graph(MODULES)
 
 
 def closure(module: str) -> set[str]:
-    seen, todo = set(), [module]
-    while todo:
-        m = todo.pop()
-        if m not in seen:
-            seen.add(m)
-            todo += GRAPH[m]
-    return seen
+    return stage_deps.closure(GRAPH, module)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -149,8 +125,8 @@ def test_the_layer_check_catches_an_upward_import():
 def test_imports_run_down_the_layers():
     """common < problems, models < training, evaluation < the six stages < pipelines < benchmarks; inside
     pipelines/: handoff < params < execution < registry, evaluation < flow < cli."""
-    bench = {f"benchmarks.{p.stem}": imports(p, set(MODULES) | {f"benchmarks.{q.stem}" for q in (REPO / "benchmarks").glob("*.py")})
-             for p in (REPO / "benchmarks").glob("*.py")}
+    known = set(MODULES) | {f"benchmarks.{q.stem}" for q in (REPO / "benchmarks").glob("*.py")}
+    bench = {f"benchmarks.{p.stem}": imported(p, known) for p in (REPO / "benchmarks").glob("*.py")}
     assert upward_imports({**GRAPH, **bench}) == []
     assert [m for m, deps in GRAPH.items() if any(d.startswith("benchmarks") for d in deps)] == []
 
@@ -182,7 +158,7 @@ def test_package_inits_hold_a_docstring_only():
 
 def test_every_component_module_is_some_stage_dep():
     """What runs in no stage belongs in pipelines/ (the flow, the CLI)."""
-    deps = {d for e in yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].values() for d in e["deps"]
+    deps = {d for e in yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].values() for d in e.get("deps", [])
             if isinstance(d, str)}
     component_files = {str(p.relative_to(REPO)) for m, p in MODULES.items() if m.startswith("components.")
                        and not is_package(m)}
@@ -198,91 +174,25 @@ def test_modules_are_small():
     assert sizes["pipelines/flow/pipeline.py"] < FLOW_MAX_LINES
 
 
-# The one deliberate exception (dvc.yaml's header says why): the selection stage samples with the
-# evaluation engine, which stays evaluate's dep alone.
-NOT_DEPS = {"selection": {"components/evaluation/generation.py", "components/evaluation/vllm_backend.py",
-                          "components/evaluation/vllm_worker.py", "components/models/batching.py"}}
+def test_dvc_deps_list_every_module_the_stage_imports():
+    """Each stage's code deps in dvc.yaml are what `make deps` writes: the project modules the stage
+    imports, directly or not (pipelines/execution/stage_deps.py), so a change to any of them re-runs it."""
+    differences = stage_deps.differences(REPO)
+    assert not differences, "dvc.yaml differs from its imports (run `make deps`): " + "; ".join(differences)
 
 
-@pytest.mark.parametrize("stage", STAGES)
-def test_dvc_deps_list_every_module_the_stage_imports(stage):
-    entry = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"][stage]
-    deps = {d for d in entry["deps"] if isinstance(d, str)}
-    needed = {
-        str(MODULES[m].relative_to(REPO)) for m in closure(f"components.{stage}") if not is_package(m)
-    } - NOT_DEPS.get(stage, set())
-    assert NOT_DEPS.get(stage, set()) <= {str(MODULES[m].relative_to(REPO)) for m in closure(f"components.{stage}")}
-    assert sorted(needed - deps) == []
-    declared_code = {d for d in deps if d.endswith(".py")}
-    assert sorted(declared_code - needed) == []  # no stale entries either
-
-
-# Which stages a change to a module re-runs (DVC marks a stage changed when one of its deps does);
-# a change that alters a stage's outputs re-runs the stages after it in turn, through their inputs.
-RERUNS = {
-    # shared by every stage (a change here re-runs the whole pipeline)
-    "components/common/entry.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
-    "components/common/errors.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
-    "components/common/files.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
-    "components/common/params.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
-    "components/common/params_load.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
-    "components/common/params_rules.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
-    "components/common/path_safety.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
-    "components/common/tracking.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
-    "components/problems/answers.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
-    "components/problems/bands.py": {"data", "grpo", "evaluate"},
-    "components/problems/arithmetic.py": {"evaluate"},
-    "components/problems/gsm8k.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
-    "components/problems/sources.py": {"data", "model", "sft", "selection", "grpo", "evaluate"},
-    # model folders: every stage that reads or writes one
-    "components/models/modelio.py": {"model", "sft", "selection", "grpo", "evaluate"},
-    "components/models/adapters.py": {"sft", "selection", "grpo", "evaluate"},  # LoRA runs write and read adapters
-    "components/models/resolve.py": {"selection", "evaluate"},  # the readers' model specs
-    "components/models/batching.py": {"sft", "grpo", "evaluate"},  # generate on a model in memory
-    # one concern, one or two stages
-    "components/training/finetune.py": {"sft", "grpo"},
-    "components/training/precision.py": {"sft", "grpo"},
-    "components/training/job.py": {"sft", "grpo"},
-    "components/training/train_samples.py": {"sft", "grpo"},
-    "components/training/dev_accuracy.py": {"sft", "grpo"},
-    "components/evaluation/metrics.py": {"evaluate"},
-    "components/data.py": {"data"},
-    "components/evaluate.py": {"evaluate"},
-    "components/evaluation/endpoint.py": {"evaluate"},
-    "components/evaluation/generation.py": {"evaluate"},
-    "components/evaluation/lm_eval_gsm8k.py": {"evaluate"},
-    "components/evaluation/reports.py": {"evaluate"},
-    "components/evaluation/scoring.py": {"evaluate"},
-    "components/evaluation/stats.py": {"evaluate"},
-    "components/evaluation/vllm_backend.py": {"evaluate"},
-    "components/evaluation/vllm_worker.py": {"evaluate"},
-    "components/grpo.py": {"grpo"},
-    "components/model.py": {"model"},
-    "components/models/gguf_import.py": {"model"},
-    "components/problems/synthetic.py": {"data"},
-    "components/selection.py": {"selection"},
-    "components/sft.py": {"sft"},
-    "components/training/rewards.py": {"grpo"},
-    "components/training/signal_monitor.py": {"grpo"},
-    "components/training/rollouts.py": {"grpo"},
-    "components/training/informative.py": {"grpo"},
-    "components/training/logps.py": {"grpo"},
-    "components/training/lean_passes.py": {"grpo", "sft"},
-}
-
-
-def test_the_rerun_table_covers_every_module_a_stage_imports():
-    imported = {str(MODULES[m].relative_to(REPO)) for s in STAGES for m in closure(f"components.{s}") if not is_package(m)}
-    assert sorted(imported ^ set(RERUNS)) == []
-
-
-@pytest.mark.parametrize("module", sorted(RERUNS))
-def test_a_module_change_reruns_only_the_stages_it_can_affect(module):
-    """A comment added to `module` makes `dvc status` list exactly these stages (a reward tweak does
-    not re-run data, model or SFT; evaluation code does not re-run training)."""
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    listed = {name for name, entry in stages.items() if module in entry["deps"]}
-    assert listed == RERUNS[module]
+def test_a_change_reruns_only_the_stages_its_concern_serves():
+    """Derived from the imports as DVC sees them through dvc.yaml: a reward edit re-runs grpo alone,
+    evaluation code evaluate alone, training code the training stages only; the stages' shared entry point
+    every stage."""
+    reruns = stage_deps.reruns(REPO)
+    assert reruns["components/training/rewards.py"] == {"grpo"}
+    assert reruns["components/common/entry.py"] == set(STAGES)
+    for module, stages in reruns.items():
+        if module.startswith("components/evaluation/"):
+            assert stages == {"evaluate"}, module
+        if module.startswith("components/training/"):
+            assert stages <= {"sft", "grpo"}, module
 
 
 # The params code by concern: the schema (field declarations), value and cross-field rules, loading,

@@ -2,14 +2,16 @@
 hands a stage to a work pool.
 
 `local` runs the stage in the flow's checkout, as `dvc repro --single-item` in a subprocess.
-`process`, `docker` or `kubernetes` submit it with Prefect's `run_deployment` to the deployment
-`grpoflow-stage/<stage>-<kind>` (infra/prefect.yaml) and wait: a worker of that pool runs
-pipelines/execution/stage.py in a clean working copy of the checkout's commit, with the flow's params.yaml
-and dvc.lock. What travels: code by git commit (or the image of that commit), params and the
-lock as parameters, data and models through the DVC remote (outputs and run cache), metrics and
-the stage's result through the shared MLflow server. The stage's dvc.lock entry comes back and is
-merged into this checkout's dvc.lock, and its outputs are pulled, so lineage, skip detection and
-registration work as in the local mode. Credentials come from each pool's environment.
+`process`, `docker` or `kubernetes` submit it with Prefect's `run_deployment` to that pool kind's stage
+deployment of infra/prefect.yaml, the stage a parameter (`grpoflow-stage/stage-process`; on docker and
+kubernetes `grpoflow-stage/stage-<kind>-cpu` or `-gpu`, as the file's `stage_resources` says for the
+stage), and wait: a worker of that pool runs pipelines/execution/stage.py in a clean working copy of the
+checkout's commit, with the flow's params.yaml and dvc.lock. What travels: code by git commit (or the
+image of that commit), params and the lock as parameters, data and models through the DVC remote
+(outputs and run cache), metrics and the stage's result through the shared MLflow server. The stage's
+dvc.lock entry comes back and is merged into this checkout's dvc.lock, and its outputs are pulled, so
+lineage, skip detection and registration work as in the local mode. Credentials come from each pool's
+environment.
 """
 
 from __future__ import annotations
@@ -24,15 +26,39 @@ from pipelines.execution.dvc_ops import StageFailed, default_remote, entry_md5, 
 from pipelines.execution.gitrepo import changed_files, head_commit
 from pipelines.handoff import PipelineRun, StageResult
 
+PREFECT_FILE = "infra/prefect.yaml"
+DEVICE_CLASSES = ("cpu", "gpu")  # the values of its stage_resources: the image and resources of a container
+
 
 def placements(params: Params) -> dict[str, str]:
     """{stage: placement} of every stage placed on a work pool (the `local` ones left out)."""
     return {stage: kind for stage, kind in vars(params.placement).items() if kind != "local"}
 
 
+def stage_deployment(stage: str, kind: str, root: str | Path) -> str:
+    """The deployment (of the `grpoflow-stage` flow) that runs `stage` on a `kind` pool: `stage-process`, or
+    `stage-<kind>-<device class>` with the class infra/prefect.yaml's `stage_resources` gives the stage."""
+    if kind == "process":
+        return "stage-process"
+    import yaml
+
+    path = Path(root) / PREFECT_FILE
+    try:
+        resources = ((yaml.safe_load(path.read_text()) or {}).get("definitions") or {}).get("stage_resources") or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"placement.{stage}={kind}: {path} cannot be read ({exc.__class__.__name__}); "
+                          "the container of a stage comes from its stage_resources") from None
+    device = resources.get(stage)
+    if device not in DEVICE_CLASSES:
+        raise ConfigError(f"placement.{stage}={kind}: {PREFECT_FILE} gives stage '{stage}' no device class; "
+                          f"add `{stage}: cpu` or `{stage}: gpu` under definitions.stage_resources")
+    return f"stage-{kind}-{device}"
+
+
 def check_placement(params: Params, root: str | Path, tracking_uri: str) -> None:
     """Before anything runs: a stage placed on a pool needs a shared tracking server, a remote every
-    pool can reach, and committed code (a pool runs the commit, not this working tree)."""
+    pool can reach, committed code (a pool runs the commit, not this working tree), and on docker and
+    kubernetes a device class."""
     placed = placements(params)
     if not placed:
         return
@@ -48,6 +74,8 @@ def check_placement(params: Params, root: str | Path, tracking_uri: str) -> None
     if changed:
         raise ConfigError(f"placement ({where}): work pools run the committed code, and these files differ from "
                           f"it: {', '.join(changed[:5])}; commit (or stash) them first")
+    for stage, kind in placed.items():
+        stage_deployment(stage, kind, root)
 
 
 def merge_lock_entry(root: str | Path, stage: str, entry: dict[str, Any]) -> None:
@@ -99,7 +127,7 @@ def submit(stage: str, kind: str, run: PipelineRun) -> StageResult:
         "dvc_lock": lock.read_text() if lock.is_file() else "", "remote_url": default_remote(root)[1],
         "parent_run_id": run.run_id, "tracking_uri": run.tracking_uri,
     }
-    name = f"{STAGE_FLOW}/{stage}-{kind}"
+    name = f"{STAGE_FLOW}/{stage_deployment(stage, kind, root)}"
     print(f"── stage {stage}: submitted to deployment {name} (commit {commit[:12]})", flush=True)
     flow_run = run_deployment(name, parameters=parameters, timeout=None, poll_interval=2)
     state = flow_run.state

@@ -1,5 +1,6 @@
 """One stage anywhere the image runs: `grpoflow stage NAME --commit SHA`, and the `grpoflow-stage`
-flow that infra/prefect.yaml's per-stage deployments run (pipelines/execution/placement.py submits them).
+flow that infra/prefect.yaml's stage deployments run, the stage a parameter (pipelines/execution/placement.py
+submits to them).
 
     grpoflow stage sft --commit 3f2c1ab --params-file params.yaml --lock-file dvc.lock \\
         --remote /shared/dvc-remote --parent-run-id RUN_ID
@@ -129,7 +130,7 @@ def run_in_working_copy(
 def stage_flow(
     stage: str, commit: str, params_yaml: str, dvc_lock: str, remote_url: str, parent_run_id: str, tracking_uri: str
 ) -> dict[str, Any]:
-    """One dvc.yaml stage in a clean working copy of `commit` (what the per-stage deployments run)."""
+    """One dvc.yaml stage in a clean working copy of `commit` (what the stage deployments run)."""
     service_env_defaults()  # MLflow gives up on a server that does not answer within the budget
     return run_in_working_copy(stage, commit, params_yaml, dvc_lock, remote_url, parent_run_id, tracking_uri)
 

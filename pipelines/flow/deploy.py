@@ -3,6 +3,7 @@
     prefect server start                                   # a server (or the compose stack)
     export PREFECT_API_URL=http://127.0.0.1:4200/api
     grpoflow deploy --name training --name evaluation      # the process-pool deployments
+    grpoflow deploy --name stage-process                   # what -S placement.<stage>=process submits to
     prefect worker start --pool grpoflow-process           # runs them (cron: 03:00 UTC daily)
 
     grpoflow schedule --cron "0 3 * * *"                   # no worker: this process runs the schedule
@@ -11,7 +12,9 @@
 infra/prefect.yaml names if they are missing (docker and kubernetes pools need their job
 templates: see the commands at the top of infra/prefect.yaml), then runs
 `prefect --no-prompt deploy --prefect-file infra/prefect.yaml` from the repo root, so the
-process deployments run the flow from this checkout.
+process deployments run the flow from this checkout. The stage deployments take the stage as a
+parameter: one per pool kind, and on docker and kubernetes per device class
+(pipelines/execution/placement.py picks one).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from pathlib import Path
 
 from components.common.errors import GrpoflowError
 from components.common.tracking import repo_root
+from pipelines.execution.placement import PREFECT_FILE
 
-PREFECT_FILE = "infra/prefect.yaml"
 SCHEDULED_NAME = "training-scheduled"
 
 

@@ -48,9 +48,8 @@ def test_every_stage_on_a_work_pool_gives_the_local_result(services, tmp_path):
     import mlflow
 
     repo = make_project_repo(tmp_path / "distributed" / "repo", with_flows=True)
-    names = [x for s in STAGES for x in ("--name", f"{s}-process")]
-    deployed = subprocess.run([sys.executable, "-m", "pipelines.cli", "deploy", *names], cwd=repo, env=services,
-                              capture_output=True, text=True, timeout=600)
+    deployed = subprocess.run([sys.executable, "-m", "pipelines.cli", "deploy", "--name", "stage-process"], cwd=repo,
+                              env=services, capture_output=True, text=True, timeout=600)
     assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
     worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "grpoflow-process"], cwd=repo,
                               env=services, stdout=open(tmp_path / "worker.log", "wb"), stderr=subprocess.STDOUT,
@@ -63,7 +62,7 @@ def test_every_stage_on_a_work_pool_gives_the_local_result(services, tmp_path):
     finally:
         stop(worker)
     for stage in STAGES:
-        assert f"submitted to deployment grpoflow-stage/{stage}-process" in out
+        assert f"── stage {stage}: submitted to deployment grpoflow-stage/stage-process" in out
         assert f"{stage:<10} ran" in out
     assert "grpoflow-policy v1 registered" in out and "promotion: promoted" in out
 
