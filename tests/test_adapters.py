@@ -6,7 +6,8 @@
 - GRPO continues SFT's adapter over the same base (base + models/grpo is the whole policy), and
   its frozen reference copy is not saved.
 - Greedy answers of the merged copy equal those of base + adapter (PEFT) item by item.
-- The evaluate stage scores adapter folders; a base whose weights changed is refused by name.
+- The evaluate stage scores base + each adapter (its completions are PEFT's greedy ones, not the base's); a base
+  whose weights changed is refused by name.
 
     pytest -q tests/test_adapters.py
 """
@@ -74,13 +75,44 @@ def test_merged_copy_answers_like_base_plus_adapter(lora_run: Path, monkeypatch)
         assert greedy(peft_model, tok, prompts, max_new_tokens=24) == greedy(merged, tok, prompts, max_new_tokens=24)
 
 
-def test_evaluate_stage_scores_adapter_folders(lora_run: Path, tmp_path: Path):
+def scramble_adapter(folder: Path, seed: int) -> None:
+    """Random lora_B weights (PEFT's init_lora_weights=False draws them so too): an adapter that changes greedy
+    answers. The fixture's few steps do not; base, SFT and GRPO all write the same newlines."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = folder / adapters.ADAPTER_WEIGHTS
+    generator = torch.Generator().manual_seed(seed)
+    tensors = load_file(path)
+    tensors = {k: torch.randn(v.shape, generator=generator) * 0.5 if "lora_B" in k else v for k, v in tensors.items()}
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def test_evaluate_stage_scores_adapter_folders(lora_run: Path, tmp_path: Path, monkeypatch):
+    """The stage scores base + each adapter: its completions are the PEFT model's greedy ones, item by item,
+    and not the base's."""
+    from components.models.modelio import load_tokenizer
+    from components.problems import gsm8k
+    from components.problems.sources import read_split
+    from components.training.train_samples import greedy
+
     work = tmp_path / "work"
     shutil.copytree(lora_run, work)
+    for seed, name in enumerate(("sft", "grpo")):
+        scramble_adapter(work / "models" / name, seed)
     stage(work, "evaluate", *LORA, "evaluate.backend=transformers", "evaluate.num_samples=0",
           "evaluate.max_new_tokens=24", "evaluate.include_base=true")
-    metrics = {m: json.loads((work / f"reports/eval/{m}.json").read_text()) for m in ("base", "sft", "grpo")}
-    assert all(m["n"] == 8 for m in metrics.values())
+    completions = {m: [json.loads(line)["completion"] for line in (work / f"reports/eval/{m}.items.jsonl").open()]
+                   for m in ("base", "sft", "grpo")}
+    assert [len(c) for c in completions.values()] == [8, 8, 8]
+    monkeypatch.chdir(work)
+    rows = read_split(Path("data/processed/test.jsonl"))
+    for name in ("sft", "grpo"):
+        folder = Path("models") / name
+        tok = load_tokenizer(folder)
+        peft_model = adapters.load_peft(folder, Path("models/base"), None, trainable=False).eval()
+        assert completions[name] == greedy(peft_model, tok, [gsm8k.render_prompt(r["question"], tok) for r in rows], 24)
+        assert all(a != b for a, b in zip(completions[name], completions["base"], strict=True)), name
 
 
 def test_a_changed_base_is_refused_by_name(lora_run: Path, tmp_path: Path):

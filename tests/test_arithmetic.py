@@ -42,9 +42,14 @@ def test_chains_units_symbols_and_cut_sides_are_read_as_a_reader_would():
     assert [t for t in WRONG if work_holds(t)] == []
 
 
-def test_any_text_is_scanned_without_error():
+def test_text_that_could_break_a_scanner_is_not_judged_and_the_next_line_still_is():
+    """Empty text, `=` alone, a side of 80,000 characters or behind 500 open parentheses, a 100,000-digit
+    number, floats at their limit: no equation the scanner reads (too long, cut, or none), so the work holds
+    as prose's does; a wrong equation on the next line is still found, a right one still holds."""
     for text in ("", "=" * 1000, "1 + " * 20000 + "= 5", "(" * 500 + "1+1=2", "9" * 100000, "1e308 * 1e308 = 1"):
-        assert work_holds(text) in (True, False)
+        assert equations(text) == [] and work_holds(text) is True, text[:40]
+        assert equations(text + "\n2 + 2 = 5") == [("2 + 2 = 5", False)] and not work_holds(text + "\n2 + 2 = 5")
+        assert work_holds(text + "\n2 + 2 = 4") is True, text[:40]
 
 
 def test_a_right_answer_from_wrong_work_counts_as_correct_but_not_checked():

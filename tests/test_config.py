@@ -169,9 +169,19 @@ def test_paths_that_could_delete_user_data_are_rejected(tmp_path, override, mess
 
 
 def test_default_and_ordinary_paths_pass(tmp_path):
-    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
-    load_params(tmp_path / "params.yaml")
-    load_params(tmp_path / "params.yaml", ["sft.checkpoint_dir=scratch/sft", f"grpo.output_dir={tmp_path}/out/grpo"])
+    """The defaults and ordinary paths (a relative one, an absolute one inside the repository) load as given and
+    resolve inside the params file's folder."""
+    from components.common.path_safety import check_paths
+
+    root = tmp_path.resolve()
+    (root / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    default = load_params(root / "params.yaml")
+    assert check_paths(default, root)["sft.checkpoint_dir"] == root / default.sft.checkpoint_dir
+    params = load_params(root / "params.yaml", ["sft.checkpoint_dir=scratch/sft", f"grpo.output_dir={root}/out/grpo"])
+    assert (params.sft.checkpoint_dir, params.grpo.output_dir) == ("scratch/sft", f"{root}/out/grpo")
+    resolved = check_paths(params, root)
+    assert (resolved["sft.checkpoint_dir"], resolved["grpo.output_dir"]) == (root / "scratch/sft", root / "out/grpo")
+    assert all(root in p.parents for p in resolved.values())
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.project_files import project_files
+
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = (REPO / "docs" / "development.md").read_text()
 
@@ -97,12 +99,13 @@ SECTIONS: dict[str, type] = {''')
 
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory):
-    """The tracked files, as a fresh git index (test_file_list_follows_the_tree reads `git ls-files`)."""
+    """The project's files (tests/project_files.py: not what a run of this checkout wrote), as a fresh clone;
+    stage_copy gives it a git index (test_file_list_follows_the_tree reads `git ls-files`)."""
     src = tmp_path_factory.mktemp("clone")
-    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
-    if tracked.returncode != 0:
+    files = project_files(REPO)
+    if files is None:
         pytest.skip("not a git checkout")
-    for name in tracked.stdout.split():
+    for name in sorted(files):
         if (REPO / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, src / name)

@@ -62,15 +62,30 @@ def test_merged_weights_computes_base_plus_adapter_and_restores_the_exact_base()
             assert torch.equal(param, base_before[name]), name  # bit-identical, not base + delta - delta
 
 
-def test_merged_weights_leaves_a_model_without_adapters_alone():
+def test_merged_weights_leaves_a_model_without_adapters_or_already_merged_alone():
+    """A plain model and a PeftModel whose adapter is merged already compute inside the block with the
+    exact weights they had (an adapter folded in twice would add its delta again), and keep them after."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from components.models.adapters import merged_weights
 
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2))
-    with merged_weights(model) as inside:
-        assert inside is model
+    plain = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2)).eval()
+    merged = tiny_lora_model(3).eval()
+    merged.merge_adapter()
+    ids = torch.randint(0, 97, (2, 7))
+    for model in (plain, merged):
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        with torch.no_grad():
+            outside = model(input_ids=ids).logits
+            with merged_weights(model) as inside:
+                assert inside is model
+                weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+                logits = model(input_ids=ids).logits
+            after = model(input_ids=ids).logits
+        for name, param in model.named_parameters():
+            assert torch.equal(weights[name], before[name]) and torch.equal(param, before[name]), name
+        assert torch.equal(logits, outside) and torch.equal(after, outside)
 
 
 def _trl_logps(model):

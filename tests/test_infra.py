@@ -13,6 +13,7 @@ real processes (on CPU, gloo); the ZeRO configs resolve through accelerate's own
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import json
 import os
 import re
@@ -583,15 +584,43 @@ def test_accelerate_reads_every_key_of_the_zero_configs(name):
     assert f"'zero_stage': {ACCELERATE_CONFIGS[name]}" in printed["deepspeed_config"]
 
 
-def test_scale_out_entry_points_answer_help():
-    """The launchers the scale-out section names."""
-    for cmd in (
-        ["prefect", "work-pool", "create", "--help"],
-        ["prefect", "deploy", "--help"],
-        ["dvc", "remote", "add", "--help"],
-    ):
-        res = run([str(BIN / cmd[0]), *cmd[1:]])
-        assert res.returncode == 0, (cmd, res.stderr[-2000:])
+def test_the_prefect_commands_of_the_docs_name_what_infra_declares():
+    """The `prefect` lines of docs/operations.md (tests/test_docs.py parses the grpoflow and dvc ones): each flag
+    is an option of its command (its --help), the pools created are infra/prefect.yaml's, every pool and file
+    a command names exists, and `deployment run FLOW/NAME` names a deployment whose entrypoint's flow is FLOW."""
+    from prefect.flows import load_flow_from_entrypoint
+
+    from tests.test_docs import commands, shell_lines
+
+    prefect = load_yaml(INFRA / "prefect.yaml")
+    pools = {p["name"] for p in prefect["definitions"]["work_pools"].values()}
+    deployments = {d["name"]: d["entrypoint"] for d in prefect["deployments"]}
+    lines = [argv[1:] for line in shell_lines((REPO / "docs" / "operations.md").read_text())
+             for argv in commands(line) if argv[0] == "prefect"]
+    flags: dict[tuple[str, ...], set[str]] = {}
+    created, started, ran = set(), set(), set()
+    for words in lines:
+        words = [w for w in words if w != "--no-prompt"]  # a session flag: `prefect --help` has it
+        head = tuple(itertools.takewhile(lambda w: not w.startswith("-"), words))[:2]
+        options = dict(zip(words, [*words[1:], ""], strict=True))
+        flags.setdefault(head, set()).update(w for w in words if w.startswith("--"))
+        for option in ("--base-job-template", "--prefect-file"):
+            assert option not in options or (REPO / options[option]).is_file(), (words, option)
+        if head == ("work-pool", "create"):
+            created.add(words[2])
+        elif head == ("worker", "start"):
+            started.add(options["--pool"])
+        elif head == ("deployment", "run"):
+            flow, name = words[2].split("/")
+            assert flow == load_flow_from_entrypoint(str(REPO / deployments[name])).name, words
+            ran.add(name)
+    assert created == pools and started <= pools and started and ran, (created, started, ran)
+    for head, used in flags.items():
+        if used:
+            res = run([str(BIN / "prefect"), *head, "--help"], env={"COLUMNS": "200"})
+            assert res.returncode == 0, (head, res.stderr[-2000:])
+            unknown = [f for f in sorted(used) if not re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", res.stdout)]
+            assert unknown == [], f"`prefect {' '.join(head)}` has no option {unknown}"
 
 
 def test_dvc_remote_switch_commands_work_in_a_repo(tmp_path):
