@@ -189,7 +189,7 @@ def test_rollouts_compute_in_bf16_on_a_cpu_only_where_training_does(merge):
     """TRL generates outside autocast: without rollout_context a bf16 run decodes in float32, slower
     and in another precision than its loss. Inside it, the projections compute in bf16 (merged or
     not), and on exit the model computes in float32 again with its exact weights (the same tensors)."""
-    from components.grpo import rollout_context
+    from components.training.grpo_trainer import rollout_context
 
     model = tiny_lora_model(2)
     model.eval()

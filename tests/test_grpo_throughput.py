@@ -155,7 +155,7 @@ def stage_trainer(tmp_path, monkeypatch, overrides):
     args, peft_config = grpo.trainer_settings(params)
     trainer = grpo.trainer_class(params)(
         model=model, args=args, train_dataset=grpo.prompt_dataset(rows, tokenizer), processing_class=tokenizer,
-        peft_config=peft_config, reward_funcs=[parity_reward])
+        peft_config=peft_config, reward_funcs=[parity_reward], stage_params=params.grpo)
     return trainer, rows
 
 

@@ -254,6 +254,7 @@ RERUNS = {
     "components/training/signal_monitor.py": {"grpo"},
     "components/training/rollouts.py": {"grpo"},
     "components/training/informative.py": {"grpo"},
+    "components/training/grpo_trainer.py": {"grpo"},
     "components/training/logps.py": {"grpo"},
     "components/training/lean_passes.py": {"grpo", "sft"},
 }
