@@ -15,7 +15,8 @@ LoRA (`grpo.use_lora`) and vLLM generation (`grpo.use_vllm`, colocate or server)
 
 MLflow (through transformers' integration, inside the stage's run): loss, each reward's mean
 and std, KL, clip ratios, frac_reward_zero_std, completion lengths, learning rate at every
-logging step, and a table of sampled completions with their rewards and advantages.
+logging step, and the sampled completions with their rewards and advantages, a table per generation
+batch (`completions/step_NNNNNN.json`, components/training/grpo_trainer.py).
 A signal monitor (components/training/signal_monitor.py, `grpo.signal_*`) warns in the log and the MLflow
 run when most groups carry no learning signal (task too hard or too easy) or the KL drifts, and
 adds `frac_reward_zero_std_mean` and `signal_warnings` to the summary.

@@ -12,6 +12,8 @@ built (the stage's run, benchmarks/grpo_step.py, tests): it imports TRL.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 from typing import Any
 
 from trl import GRPOTrainer
@@ -19,7 +21,42 @@ from trl import GRPOTrainer
 from components.common.params import GRPOParams
 from components.training import informative, lean_passes, logps, rollouts
 
-COMPLETIONS_TABLE = "grpo_completions.json"
+# The sampled completions in the MLflow run: one file per logging step that saw a new generation batch,
+# never rewritten (mlflow.log_table appends by downloading the table and uploading it whole: at every
+# logging step, a cost that grows with the run; benchmarks/completions_logging.py).
+COMPLETIONS_DIR = "completions"
+
+
+def completions_file(step: int) -> str:
+    """The run's artifact that holds the completions logged at `step`.
+
+    >>> completions_file(128)
+    'completions/step_000128.json'
+    """
+    return f"{COMPLETIONS_DIR}/step_{step:06d}.json"
+
+
+def completions_table(recorded: dict[str, Any], step: int) -> dict[str, list]:
+    """GRPOTrainer's record of its latest generation batch (`_logs`: prompts, completions, each reward
+    function's rewards, advantages) as the JSON MLflow writes a table in (`mlflow.log_table`, pandas'
+    "split" layout: `pd.read_json(path, orient="split")` reads it); an unscored reward (NaN) is null.
+
+    >>> completions_table({"prompt": ["p"], "completion": ["c"], "rewards": {"acc": [float("nan")]},
+    ...                    "advantages": [0.5]}, 3)
+    {'columns': ['step', 'prompt', 'completion', 'reward_acc', 'advantage'], 'data': [[3, 'p', 'c', None, 0.5]]}
+    """
+    columns = {
+        "prompt": [str(p) for p in recorded["prompt"]],
+        "completion": [str(c) for c in recorded["completion"]],
+        **{f"reward_{name}": [_finite(v) for v in values] for name, values in recorded["rewards"].items()},
+        "advantage": [_finite(v) for v in recorded["advantages"]],
+    }
+    return {"columns": ["step", *columns], "data": [[step, *row] for row in zip(*columns.values(), strict=True)]}
+
+
+def _finite(value: Any) -> float | None:
+    value = float(value)
+    return value if math.isfinite(value) else None
 
 
 def rollout_context(model: Any, merge: bool, cpu_bf16: bool) -> contextlib.ExitStack:
@@ -49,8 +86,9 @@ class GRPOFlowTrainer(GRPOTrainer):
     padded is TRL's own pass) and, with `grpo.lean_logps`, with the LM head at the completions only (on a
     CPU, for shared_prefix, the model's own head and a float32 log-softmax instead of TRL's fused head) and
     the frozen weights in bf16 on a CPU training in bf16; which logs `informative_groups` (the share of
-    groups with a reward spread) at every generation; and which logs its sampled completions to the
-    MLflow run at every logging step.
+    groups with a reward spread) at every generation; and which logs the sampled completions of each
+    generation batch to the MLflow run, at the first logging step after it was sampled, as a file of its
+    own (`completions_file`): uploaded once, never downloaded or rewritten.
 
     TRL logs that table to wandb/trackio only, and writes parquet files under log_completions; here the
     rows it keeps for that purpose go to the MLflow run. Where MLflow is not installed
@@ -134,19 +172,12 @@ class GRPOFlowTrainer(GRPOTrainer):
             return
         if not (self.accelerator.is_main_process and self.model.training and mlflow.active_run()):
             return
-        recorded = self._logs  # filled by GRPOTrainer at every generation (latest batch only)
-        n = len(recorded["prompt"])
-        if n == 0 or getattr(self, "_grpoflow_logged_step", None) == self.state.global_step:
-            return
-        self._grpoflow_logged_step = self.state.global_step
-        table = {
-            "step": [self.state.global_step] * n,
-            "prompt": [str(p) for p in recorded["prompt"]],
-            "completion": [str(c) for c in recorded["completion"]],
-            **{f"reward_{name}": list(values) for name, values in recorded["rewards"].items()},
-            "advantage": list(recorded["advantages"]),
-        }
-        mlflow.log_table(table, artifact_file=COMPLETIONS_TABLE)
+        table = completions_table(self._logs, self.state.global_step)  # GRPOTrainer's rows: the latest batch
+        batch = json.dumps([row[1:] for row in table["data"]])  # the rows less their step
+        if not table["data"] or batch == getattr(self, "_grpoflow_logged_batch", None):
+            return  # nothing generated yet, or this batch is logged already (steps sharing a generation)
+        self._grpoflow_logged_batch = batch
+        mlflow.log_text(json.dumps(table), completions_file(self.state.global_step))
 
 
 class InformativeGRPOTrainer(informative.InformativeGroupsMixin, GRPOFlowTrainer):
