@@ -60,7 +60,7 @@ def test_without_a_run_in_evaluation_or_on_another_process_nothing_is_logged(mon
     trainer._logs, trainer.state = batch(1), SimpleNamespace(global_step=1)
     trainer.accelerator, trainer.model = SimpleNamespace(is_main_process=True), SimpleNamespace(training=True)
     trainer.log({})  # no active run
-    with mlflow.start_run():
+    with mlflow.start_run(experiment_id=mlflow.create_experiment("grpo")):
         trainer.model.training = False  # evaluation
         trainer.log({})
         trainer.model.training, trainer.accelerator.is_main_process = True, False
