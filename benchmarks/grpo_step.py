@@ -197,7 +197,7 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
     measured = clock.steps[warmup:]
     mean, tok = clock.mean_step(warmup)
     lora = bool(params.grpo.use_lora)
-    reference_passes = (1 if params.grpo.beta else 0) + (1 if params.grpo.num_iterations > 1 else 0)
+    reference_passes = (1 if trainer.args.beta else 0) + (1 if trainer.args.num_iterations > 1 else 0)
     flops = step_flops(trainer.model, {**tok, "sequences": seqs}, lora, reference_passes)
     dtype = "bfloat16" if trainer.args.bf16 else "float32"
     rate = rates[dtype] * 1e9

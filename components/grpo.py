@@ -6,12 +6,13 @@ Reads `grpo.init_dir` (default `models/sft`) and `selection.output_file` (its pr
 adapter: over SFT's base when SFT wrote an adapter too, see `start_model`), and
 `grpo.metrics_file` (default `reports/train/grpo.json`) with the per-step history beside it
 (`grpo.history_file`: loss, reward per function, reward std, KL, completion length,
-frac_reward_zero_std, ...; the data of `dvc plots show`). For each prompt the trainer samples `grpo.num_generations`
-completions at `grpo.temperature`, scores them with `rewards.funcs` weighted by
-`rewards.weights` (components/training/rewards.py), normalises the rewards within each group into
-advantages and takes clipped policy-gradient steps (`grpo.epsilon`) with a KL penalty to the
-frozen SFT model (`grpo.beta`). Every loss type TRL offers is selectable (`grpo.loss_type`);
-LoRA (`grpo.use_lora`) and vLLM generation (`grpo.use_vllm`, colocate or server) are options.
+frac_reward_zero_std, ...; the data of `dvc plots show`). For each prompt the trainer samples
+`grpo.trainer.num_generations` completions at `grpo.trainer.temperature`, scores them with `rewards.funcs`
+weighted by `rewards.weights` (components/training/rewards.py), normalises the rewards within each group
+into advantages and takes clipped policy-gradient steps (`grpo.trainer.epsilon`) with a KL penalty to the
+frozen SFT model (`grpo.trainer.beta`). `grpo.trainer` is TRL's GRPOConfig, so every loss type TRL offers
+is selectable (`grpo.trainer.loss_type`); LoRA (`grpo.use_lora`) and vLLM generation
+(`grpo.trainer.use_vllm`, colocate or server) are options.
 
 MLflow (through transformers' integration, inside the stage's run): loss, each reward's mean
 and std, KL, clip ratios, frac_reward_zero_std, completion lengths, learning rate at every
@@ -24,7 +25,7 @@ Crash safety as in components/sft.py: checkpoints every `grpo.trainer.save_steps
 from the newest on re-run, atomic replacement of the model folder.
 
     python -m components.grpo
-    python -m components.grpo -S grpo.loss_type=dr_grpo -S grpo.trainer.max_steps=50
+    python -m components.grpo -S grpo.trainer.loss_type=dr_grpo -S grpo.trainer.max_steps=50
 """
 
 from __future__ import annotations
@@ -57,12 +58,9 @@ def history_names(trl_names: list[str], funcs: list[str]) -> dict[str, str]:
     return out
 
 
-def recipe(params: Params) -> dict[str, Any]:
-    """The GRPOConfig fields our params section owns (the fields marked `recipe` in
-    components/common/params.py) and the reward weights."""
-    cfg = params.grpo
-    owned = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.metadata.get("recipe")}
-    return {**owned, "reward_weights": [float(w) for w in params.rewards.weights]}
+def owned_fields(params: Params) -> dict[str, Any]:
+    """The GRPOConfig fields the stage sets from other params than `grpo.trainer`: the reward weights."""
+    return {"reward_weights": [float(w) for w in params.rewards.weights]}
 
 
 def fingerprint_settings(params: Params) -> dict[str, Any]:
@@ -111,13 +109,14 @@ def trainer_settings(params: Params) -> tuple[Any, Any]:
 
     check_reward_names(params.rewards)
     cfg = params.grpo
-    if cfg.use_vllm and cfg.vllm_mode == "colocate" and importlib.util.find_spec("vllm") is None:
+    if cfg.trainer["use_vllm"] and cfg.trainer["vllm_mode"] == "colocate" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
-            "grpo.use_vllm: vLLM is not installed here; on a GPU machine install the `vllm` extra "
-            "(pip install -e '.[vllm]'), or set grpo.use_vllm=false"
+            "grpo.trainer.use_vllm: vLLM is not installed here; on a GPU machine install the `vllm` extra "
+            "(pip install -e '.[vllm]'), or set grpo.trainer.use_vllm=false"
         )
     args = finetune.build_trl_args(TRLGRPOConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir,
-                                   cpu_bf16=finetune.cpu_bf16(params.model.cpu_training_precision), **recipe(params))
+                                   cpu_bf16=finetune.cpu_bf16(params.model.cpu_training_precision),
+                                   **owned_fields(params))
     if cfg.informative_groups_only and args.multi_objective_aggregation != "sum_then_normalize":
         raise ConfigError("grpo.informative_groups_only: with trainer.multi_objective_aggregation="
                           f"{args.multi_objective_aggregation} a group with equal rewards still has an advantage "

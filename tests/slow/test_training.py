@@ -54,8 +54,8 @@ TINY_PARAMS = {
     },
     "grpo": {
         "sample_size": 4,
-        "num_generations": 4,
         "trainer": {
+            "num_generations": 4,
             "max_steps": 4,
             "per_device_train_batch_size": 8,
             "learning_rate": 1.0e-3,
@@ -212,7 +212,7 @@ def test_grpo_changes_the_weights_and_logs(workdir: Path):
     ):
         assert key in metrics, key
     assert "drifting" in run.data.tags["grpoflow.grpo.signal_warning"]
-    assert run.data.params["grpo.beta"] == "0.04" and run.data.params["loss_type"] == "grpo"
+    assert run.data.params["grpo.trainer.beta"] == "0.04" and run.data.params["loss_type"] == "grpo"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"completions", "grpo_samples.json", "grpo_signal_warnings.txt"} <= artifacts
     first = client.list_artifacts(run.info.run_id, "completions")[0].path  # one file per generation batch
@@ -273,7 +273,7 @@ def test_killed_grpo_resumes_from_its_checkpoint(workdir: Path):
 @pytest.mark.parametrize(
     "module,overrides,message",
     [
-        ("grpo", ["grpo.loss_type=ppo"], "grpo.loss_type: expected one of"),
+        ("grpo", ["grpo.trainer.loss_type=ppo"], "grpo.trainer.loss_type: expected one of"),
         ("grpo", ["grpo.trainer.per_device_train_batch_size=6"], "not divisible by num_generations=4"),
         ("grpo", ["grpo.init_dir=models/nope"], "SFT model folder models/nope is missing"),
         ("grpo", ["rewards.funcs=[nope]", "rewards.weights=[1]"], "nope"),
