@@ -5,7 +5,7 @@ it builds a model of the preset's architecture (ARCHITECTURES: the real model's 
 random initialisation: nothing is downloaded, and its speed and memory are the real model's. Its
 tokenizer is trained here and widened to the model's vocabulary; the folder is a user's model that
 `model.name_or_path` points at. Params: params.yaml, the preset's overrides (pipelines/params/presets.py),
-then CHECK (synthetic data, `grpo.use_vllm=false`, evaluation on transformers). Phases:
+then CHECK (synthetic data, `grpo.trainer.use_vllm=false`, evaluation on transformers). Phases:
 
   data       the data stage's splits (components/data.py write_splits)
   model      the model stage's build_base: the user's folder copied into models/base
@@ -73,12 +73,13 @@ TINY = {**_QWEN, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads
         "vocab_size": 4096, "max_position_embeddings": 2048}
 CHECK = ["data.train_source=synthetic", "data.test_source=synthetic", "data.synthetic_train_size=400",
          "data.synthetic_test_size=64", "data.synthetic_answer_only_size=64", "data.synthetic_max_steps=6",
-         "data.synthetic_test_max_steps=6", "data.synthetic_answer_only_max_steps=6", "grpo.use_vllm=false",
+         "data.synthetic_test_max_steps=6", "data.synthetic_answer_only_max_steps=6", "grpo.trainer.use_vllm=false",
          "evaluate.backend=transformers", "evaluate.num_samples=0", "evaluate.limit=64"]
 CPU_CHECK = ["data.synthetic_train_size=60", "data.synthetic_answer_only_size=20", "data.synthetic_max_steps=2",
              "data.synthetic_test_max_steps=3", "data.synthetic_answer_only_max_steps=3", "model.dtype=float32",
              "model.cpu_training_precision=auto", "sft.trainer.per_device_train_batch_size=4",
-             "sft.trainer.max_length=256", "grpo.num_generations=4", "grpo.trainer.per_device_train_batch_size=4",
+             "sft.trainer.max_length=256", "grpo.trainer.num_generations=4",
+             "grpo.trainer.per_device_train_batch_size=4",
              "grpo.trainer.gradient_accumulation_steps=1", "grpo.trainer.max_completion_length=16",
              "evaluate.dtype=float32", "evaluate.max_new_tokens=16", "evaluate.batch_size=4", "evaluate.limit=8"]
 SFT_WARMUP, GRPO_WARMUP = 2, 1  # steps run before the measured ones (CUDA start-up, allocator growth)
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory": "per phase: torch.cuda.max_memory_allocated (peak_memory_gib) and max_memory_reserved"
         if torch.cuda.is_available() else "the process's peak resident memory so far (ru_maxrss)",
         "notes": ["random weights: completions run to their length limit (no early EOS)",
-                  "grpo.use_vllm=false: vLLM rollouts are not checked here"],
+                  "grpo.trainer.use_vllm=false: vLLM rollouts are not checked here"],
         "data": {}, "presets": {},
     }
     quiet_known_warnings()  # as the training stages do

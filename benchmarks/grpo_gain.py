@@ -19,7 +19,7 @@ prompt) and compares them on the same items (exact McNemar test). Prints one JSO
                                                            `grpoflow run` in this checkout, else transformers)
   training_seconds                                         SFT + selection + GRPO wall seconds (the budget)
   sft_cpu_seconds, grpo_cpu_seconds                        CPU time (less sensitive to a busy machine)
-  k, sampled_items                                         k samples per item at grpo.temperature (--k,
+  k, sampled_items                                         k samples per item at grpo.trainer.temperature (--k,
                                                            default evaluate.num_samples) on the first
                                                            --sample-items test items (default 250)
   sft_sampled_accuracy, grpo_sampled_accuracy              mean flexible correctness of those samples

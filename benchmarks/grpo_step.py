@@ -176,7 +176,7 @@ def build_trainer(workdir: Path, overrides: list[str], generations: int, clock: 
     reward_funcs, _ = build_rewards(params.rewards)
     trainer = grpo.trainer_class(params)(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
-        callbacks=[clock.callback()], reward_funcs=reward_funcs,
+        callbacks=[clock.callback()], reward_funcs=reward_funcs, stage_params=params.grpo,
     )
     clock.instrument(trainer)
     return trainer, params
@@ -197,14 +197,14 @@ def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates:
     measured = clock.steps[warmup:]
     mean, tok = clock.mean_step(warmup)
     lora = bool(params.grpo.use_lora)
-    reference_passes = (1 if params.grpo.beta else 0) + (1 if params.grpo.num_iterations > 1 else 0)
+    reference_passes = (1 if trainer.args.beta else 0) + (1 if trainer.args.num_iterations > 1 else 0)
     flops = step_flops(trainer.model, {**tok, "sequences": seqs}, lora, reference_passes)
     dtype = "bfloat16" if trainer.args.bf16 else "float32"
     rate = rates[dtype] * 1e9
     floor = {k: flops[k] / rate for k in ("generation", "reference_forward", "policy_forward_backward")}
     floor_seconds = sum(floor.values())
     # the rollouts read weights in the dtype they decode in: bf16 where training autocasts on a CPU
-    # (components/grpo.py rollout_context), else the model's own
+    # (components/training/grpo_trainer.py rollout_context), else the model's own
     rollout_bytes = 2 if trainer.args.bf16 else next(trainer.model.parameters()).element_size()
     reads = decode_read_bytes(trainer.model, {**tok, "sequences": seqs * per_generation}, flops["linear_parameters"],
                               rollout_bytes) / (read_rate * 1e9)

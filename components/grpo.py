@@ -6,16 +6,18 @@ Reads `grpo.init_dir` (default `models/sft`) and `selection.output_file` (its pr
 adapter: over SFT's base when SFT wrote an adapter too, see `start_model`), and
 `grpo.metrics_file` (default `reports/train/grpo.json`) with the per-step history beside it
 (`grpo.history_file`: loss, reward per function, reward std, KL, completion length,
-frac_reward_zero_std, ...; the data of `dvc plots show`). For each prompt the trainer samples `grpo.num_generations`
-completions at `grpo.temperature`, scores them with `rewards.funcs` weighted by
-`rewards.weights` (components/training/rewards.py), normalises the rewards within each group into
-advantages and takes clipped policy-gradient steps (`grpo.epsilon`) with a KL penalty to the
-frozen SFT model (`grpo.beta`). Every loss type TRL offers is selectable (`grpo.loss_type`);
-LoRA (`grpo.use_lora`) and vLLM generation (`grpo.use_vllm`, colocate or server) are options.
+frac_reward_zero_std, ...; the data of `dvc plots show`). For each prompt the trainer samples
+`grpo.trainer.num_generations` completions at `grpo.trainer.temperature`, scores them with `rewards.funcs`
+weighted by `rewards.weights` (components/training/rewards.py), normalises the rewards within each group
+into advantages and takes clipped policy-gradient steps (`grpo.trainer.epsilon`) with a KL penalty to the
+frozen SFT model (`grpo.trainer.beta`). `grpo.trainer` is TRL's GRPOConfig, so every loss type TRL offers
+is selectable (`grpo.trainer.loss_type`); LoRA (`grpo.use_lora`) and vLLM generation
+(`grpo.trainer.use_vllm`, colocate or server) are options.
 
 MLflow (through transformers' integration, inside the stage's run): loss, each reward's mean
 and std, KL, clip ratios, frac_reward_zero_std, completion lengths, learning rate at every
-logging step, and a table of sampled completions with their rewards and advantages.
+logging step, and the sampled completions with their rewards and advantages, a table per generation
+batch (`completions/step_NNNNNN.json`, components/training/grpo_trainer.py).
 A signal monitor (components/training/signal_monitor.py, `grpo.signal_*`) warns in the log and the MLflow
 run when most groups carry no learning signal (task too hard or too easy) or the KL drifts, and
 adds `frac_reward_zero_std_mean` and `signal_warnings` to the summary.
@@ -23,12 +25,11 @@ Crash safety as in components/sft.py: checkpoints every `grpo.trainer.save_steps
 from the newest on re-run, atomic replacement of the model folder.
 
     python -m components.grpo
-    python -m components.grpo -S grpo.loss_type=dr_grpo -S grpo.trainer.max_steps=50
+    python -m components.grpo -S grpo.trainer.loss_type=dr_grpo -S grpo.trainer.max_steps=50
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
 from pathlib import Path
@@ -39,7 +40,6 @@ from components.common.errors import ConfigError, InputError
 from components.common.params import Params
 
 STAGE = "grpo"
-COMPLETIONS_TABLE = "grpo_completions.json"
 # Columns dvc.yaml's plots read that TRL does not always log (kl only when beta > 0): present, maybe empty.
 HISTORY_REQUIRED = ("loss", "reward", "reward_std", "kl", "completions/mean_length", "frac_reward_zero_std")
 
@@ -58,12 +58,9 @@ def history_names(trl_names: list[str], funcs: list[str]) -> dict[str, str]:
     return out
 
 
-def recipe(params: Params) -> dict[str, Any]:
-    """The GRPOConfig fields our params section owns (the fields marked `recipe` in
-    components/common/params.py) and the reward weights."""
-    cfg = params.grpo
-    owned = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.metadata.get("recipe")}
-    return {**owned, "reward_weights": [float(w) for w in params.rewards.weights]}
+def owned_fields(params: Params) -> dict[str, Any]:
+    """The GRPOConfig fields the stage sets from other params than `grpo.trainer`: the reward weights."""
+    return {"reward_weights": [float(w) for w in params.rewards.weights]}
 
 
 def fingerprint_settings(params: Params) -> dict[str, Any]:
@@ -77,147 +74,13 @@ def fingerprint_settings(params: Params) -> dict[str, Any]:
     }
 
 
-def trainer_class(params: Params):
-    """The stage's GRPOTrainer class for these params: _trainer_class, whose transformers rollouts
-    run in rollout_context (the LoRA adapter folded into the base weights when
-    `grpo.rollout_merge_lora` is on; bf16 weights on a CPU where training autocasts to bf16) through
-    `model.generate` or, with `grpo.rollout_engine: batched`, rollouts.sample; whose log-prob passes
-    run as `grpo.logps_batching` says for text-only batches (components/training/logps.py: padded is
-    TRL's own pass) and, with `grpo.lean_logps`, with the LM head at the completions only (on a CPU,
-    for shared_prefix, the model's own head and a float32 log-softmax instead of TRL's fused head) and
-    the frozen weights in bf16 on a CPU training in bf16; which logs `informative_groups` (the share of
-    groups with a reward spread) at every generation; and, with `grpo.informative_groups_only`,
-    trains on those groups alone (informative.InformativeGroupsMixin), with the old policy's
-    log-probs taken from the batched rollouts when `grpo.old_logps` is `rollout`."""
-    from components.training import informative, lean_passes, logps, rollouts
+def trainer_class(params: Params) -> type:
+    """The stage's trainer class for these params (components/training/grpo_trainer.py): one that trains on
+    the informative groups alone with `grpo.informative_groups_only`, else GRPOFlowTrainer. Either takes
+    `stage_params=params.grpo` beside TRL's arguments."""
+    from components.training.grpo_trainer import GRPOFlowTrainer, InformativeGRPOTrainer
 
-    base = _trainer_class()
-    cfg = params.grpo
-    merge = cfg.rollout_merge_lora
-
-    class Trainer(base):
-        def _cpu_bf16(self) -> bool:
-            return lean_passes.trains_in_cpu_bf16(self)
-
-        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, *args: Any, **kwargs: Any):
-            if self.use_vllm:  # vLLM holds its own copy of the weights
-                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
-            with rollout_context(self.accelerator.unwrap_model(self.model), merge, self._cpu_bf16()):
-                if (cfg.rollout_engine == "batched" and images is None and not multimodal_fields
-                        and not self.use_transformers_continuous_batching and rollouts.supported(self.generation_config)):
-                    return self._batched_rollouts(prompt_ids)
-                return super()._generate_single_turn(prompt_ids, images, multimodal_fields, *args, **kwargs)
-
-        def _batched_rollouts(self, prompt_ids: list[list[int]]) -> tuple[list[list[int]], Any]:
-            """(completion ids, their sampled log-probs or None): the log-probs only where the
-            informative-groups trainer takes the old policy's from them (`grpo.old_logps: rollout`)."""
-            from trl.models.utils import unwrap_model_for_generation
-
-            want = bool(getattr(self, "old_logps_from_rollout", False)) and self.model.training
-            with unwrap_model_for_generation(self.model_wrapped, self.accelerator,  # as TRL's generate path
-                                             gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                                             gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as model:
-                out = rollouts.sample(model, prompt_ids, self.generation_config, self.max_completion_length,
-                                      self.eos_token_ids, self._tokenizer.pad_token_id, logprobs=want)
-            return out if want else (out, None)
-
-        def _passes_context(self) -> contextlib.ExitStack:
-            stack = contextlib.ExitStack()
-            if cfg.lean_logps:
-                stack.enter_context(lean_passes.lean_head_and_weights(self.accelerator.unwrap_model(self.model), self._cpu_bf16()))
-            return stack
-
-        def training_step(self, *args: Any, **kwargs: Any):
-            with self._passes_context():
-                return super().training_step(*args, **kwargs)
-
-        def _generate_and_score_completions(self, inputs):
-            with self._passes_context():
-                return super()._generate_and_score_completions(inputs)
-
-        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-            self._last_rewards = rewards
-            if self.model.training:
-                weighted = informative.weighted_rewards(rewards, self.reward_weights)
-                self._metrics["train"]["informative_groups"].append(informative.informative_share(weighted, self.num_generations))
-            return rewards
-
-        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-            plain = args or kwargs.get("compute_aux_loss") or any(
-                v is not None for k, v in kwargs.items() if k not in ("batch_size", "compute_entropy", "compute_aux_loss"))
-            if plain or cfg.logps_batching == "padded":  # TRL's own pass (images, MoE aux loss: always)
-                return super()._get_per_token_logps_and_entropies(
-                    model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
-            if cfg.logps_batching == "shared_prefix" and not self.accelerator.unwrap_model(model).is_gradient_checkpointing:
-                lean = cfg.lean_logps and input_ids.device.type == "cpu"  # the lean head where TRL's fused one is slow
-                return logps.shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep, self.accelerator.autocast,
-                                                 temperature=self.temperature if lean else None,
-                                                 entropy_grad=bool(getattr(self, "_entropy_bonus_enabled", False)), **kwargs)
-            return logps.unpadded_logps(super()._get_per_token_logps_and_entropies, model, input_ids, attention_mask,
-                                        logits_to_keep, **kwargs)
-
-    if cfg.informative_groups_only:
-        class InformativeTrainer(informative.InformativeGroupsMixin, Trainer):
-            old_logps_from_rollout = cfg.old_logps == "rollout"
-
-        return InformativeTrainer
-    return Trainer
-
-def rollout_context(model: Any, merge: bool, cpu_bf16: bool) -> contextlib.ExitStack:
-    """The context GRPO's transformers rollouts run in: the adapter folded into the base weights
-    (adapters.merged_weights, exact base weights restored on exit) when `merge`, and the weights
-    held in bf16 (precision.bf16_weights, exact float32 tensors back on exit) when `cpu_bf16`, i.e.
-    where training autocasts to bf16 (`model.cpu_training_precision: auto` on a CPU with native
-    bf16). TRL generates outside autocast, so without it a bf16 run decodes in float32, slower and
-    in another precision than the loss's forward pass (benchmarks/RESULTS.md)."""
-    from components.models.adapters import merged_weights
-    from components.training.precision import bf16_weights
-
-    stack = contextlib.ExitStack()
-    with stack:  # a failed enter unwinds what was entered before it
-        if merge:
-            stack.enter_context(merged_weights(model))
-        if cpu_bf16:
-            stack.enter_context(bf16_weights(model))
-        return stack.pop_all()
-
-
-def _trainer_class():
-    """GRPOTrainer that also logs its sampled completions to MLflow as a table.
-
-    TRL logs that table to wandb/trackio only, and writes parquet files under log_completions;
-    here the rows it keeps for that purpose go to the MLflow run at every logging step. Where MLflow
-    is not installed (benchmarks/gpu_check.py on a GPU machine that carries only the training
-    libraries) there is no run to log to, and the trainer is TRL's.
-    """
-    from trl import GRPOTrainer
-
-    try:
-        import mlflow
-    except ImportError:
-        return GRPOTrainer
-
-    class Trainer(GRPOTrainer):
-        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-            super().log(logs, start_time)
-            if not (self.accelerator.is_main_process and self.model.training and mlflow.active_run()):
-                return
-            recorded = self._logs  # filled by GRPOTrainer at every generation (latest batch only)
-            n = len(recorded["prompt"])
-            if n == 0 or getattr(self, "_grpoflow_logged_step", None) == self.state.global_step:
-                return
-            self._grpoflow_logged_step = self.state.global_step
-            table = {
-                "step": [self.state.global_step] * n,
-                "prompt": [str(p) for p in recorded["prompt"]],
-                "completion": [str(c) for c in recorded["completion"]],
-                **{f"reward_{name}": list(values) for name, values in recorded["rewards"].items()},
-                "advantage": list(recorded["advantages"]),
-            }
-            mlflow.log_table(table, artifact_file=COMPLETIONS_TABLE)
-
-    return Trainer
+    return InformativeGRPOTrainer if params.grpo.informative_groups_only else GRPOFlowTrainer
 
 
 def dev_split(problems: list[dict[str, Any]], size: int, target_band: str) -> list[dict[str, Any]]:
@@ -246,13 +109,14 @@ def trainer_settings(params: Params) -> tuple[Any, Any]:
 
     check_reward_names(params.rewards)
     cfg = params.grpo
-    if cfg.use_vllm and cfg.vllm_mode == "colocate" and importlib.util.find_spec("vllm") is None:
+    if cfg.trainer["use_vllm"] and cfg.trainer["vllm_mode"] == "colocate" and importlib.util.find_spec("vllm") is None:
         raise ConfigError(
-            "grpo.use_vllm: vLLM is not installed here; on a GPU machine install the `vllm` extra "
-            "(pip install -e '.[vllm]'), or set grpo.use_vllm=false"
+            "grpo.trainer.use_vllm: vLLM is not installed here; on a GPU machine install the `vllm` extra "
+            "(pip install -e '.[vllm]'), or set grpo.trainer.use_vllm=false"
         )
     args = finetune.build_trl_args(TRLGRPOConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir,
-                                   cpu_bf16=finetune.cpu_bf16(params.model.cpu_training_precision), **recipe(params))
+                                   cpu_bf16=finetune.cpu_bf16(params.model.cpu_training_precision),
+                                   **owned_fields(params))
     if cfg.informative_groups_only and args.multi_objective_aggregation != "sum_then_normalize":
         raise ConfigError("grpo.informative_groups_only: with trainer.multi_objective_aggregation="
                           f"{args.multi_objective_aggregation} a group with equal rewards still has an advantage "
@@ -350,7 +214,7 @@ def run(params: Params) -> Path:
         STAGE, params, trainer_class(params), settings, model, tokenizer, dataset,
         inputs=[prompts, *inputs], datasets={"selected_prompts": (prompts, "training")},
         fingerprint=fingerprint_settings(params), base=base, callbacks=callbacks,
-        trainer_kwargs={"reward_funcs": reward_funcs}, max_new_tokens=max_new_tokens,
+        trainer_kwargs={"reward_funcs": reward_funcs, "stage_params": cfg}, max_new_tokens=max_new_tokens,
         history_required=HISTORY_REQUIRED,
         history_names=lambda trainer: history_names(trainer.reward_func_names, params.rewards.funcs),
         after_training=summary,

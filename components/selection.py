@@ -4,7 +4,7 @@ sampling, as in DAPO; TRL's GRPOTrainer does not offer it).
 A GRPO group whose completions all earn the same reward has zero advantage: no learning signal.
 For a prompt the model never solves, or always solves, that is every group. This stage samples
 `selection.num_samples` (k) completions per candidate from `selection.model_dir` (the SFT model GRPO
-starts from) at `grpo.temperature`, on vLLM where available (components/evaluation/generation.py, as the
+starts from) at `grpo.trainer.temperature`, on vLLM where available (components/evaluation/generation.py, as the
 evaluate stage), scores them with the shared checker (components/problems/gsm8k.py; `selection.mode`:
 flexible = the right answer, strict = the right answer in the `<answer>` tag, what the accuracy
 reward pays) and keeps the prompts whose pass rate is in the band: by default 0 < p < 1, some but
@@ -63,7 +63,7 @@ def prompts_per_step(params: Params) -> int:
     """Prompts one GRPO optimizer step consumes: completions per step / the group size G."""
     t = params.grpo.trainer
     completions = int(t.get("per_device_train_batch_size") or 8) * int(t.get("gradient_accumulation_steps") or 1)
-    return max(1, completions // params.grpo.num_generations)
+    return max(1, completions // t["num_generations"])
 
 
 def count(rates: list[float | None], kept: list[bool], k: int) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def pass_rates(params: Params, rows: list[dict[str, str]]) -> tuple[list[float],
     prompts = [gsm8k.render_prompt(r["question"], tokenizer) for r in rows]
     settings = GenerationSettings(
         max_new_tokens=cfg.max_new_tokens, dtype=params.evaluate.dtype, seed=cfg.seed, num_samples=cfg.num_samples,
-        temperature=params.grpo.temperature, vllm_python=params.evaluate.vllm_python,
+        temperature=params.grpo.trainer["temperature"], vllm_python=params.evaluate.vllm_python,
         vllm_args=dict(params.evaluate.vllm_args),
     )
     gen = generate(model_dir, prompts, settings, cfg.backend, tokenizer=tokenizer, vllm_log=engine_log(params))

@@ -2,8 +2,8 @@
 # Entry point of the grpoflow images (infra/Dockerfile): run one stage, the flow, or any command.
 #
 #   docker run IMAGE stage data -S data.seed=7           # python -m components.data -S data.seed=7
-#   docker run IMAGE stage grpo -S grpo.beta=0.0         # python -m components.grpo -S grpo.beta=0.0
-#   docker run IMAGE grpoflow run -S grpo.beta=0.0       # the whole training flow
+#   docker run IMAGE stage grpo -S grpo.trainer.beta=0.0         # python -m components.grpo -S grpo.trainer.beta=0.0
+#   docker run IMAGE grpoflow run -S grpo.trainer.beta=0.0       # the whole training flow
 #   docker run IMAGE prefect worker start --pool grpoflow-process   # anything else runs as given
 #
 # Stage names are those of dvc.yaml; each runs the module its dvc.yaml `cmd` runs

@@ -28,7 +28,7 @@ import argparse
 import importlib
 import sys
 
-PARAMS_HELP = "override one param, as in `dvc exp run -S` (repeatable), e.g. -S grpo.beta=0.0"
+PARAMS_HELP = "override one param, as in `dvc exp run -S` (repeatable), e.g. -S grpo.trainer.beta=0.0"
 EXPORT_DESCRIPTION = (
     "Write MODEL as a folder that needs nothing else: a full model as is; a LoRA adapter with --merged as "
     "base + adapter merged into one model folder, without --merged as the adapter with its base in DIR/base. "

@@ -50,8 +50,9 @@ def test_unreachable_tracking_server_is_one_line_naming_it(checkout, command):
 
 def test_run_rejects_bad_params_before_touching_params_yaml(checkout):
     before = (checkout / "params.yaml").read_bytes()
-    for override, message in [("sft.checkpoint_dir=.", "sft.checkpoint_dir"), ("grpo.beta=-1", "grpo.beta"),
-                              ("sft.trainer.max_steps=x", "sft.trainer")]:
+    for override, message in [("sft.checkpoint_dir=.", "sft.checkpoint_dir"),
+                              ("grpo.trainer.beta=-1", "grpo.trainer.beta"), ("sft.trainer.max_steps=x", "sft.trainer"),
+                              ("grpo.beta=0.1", "now grpo.trainer.beta")]:
         proc = grpoflow(checkout, "run", "-S", override)
         assert proc.returncode == 2 and message in one_line(proc)
     assert (checkout / "params.yaml").read_bytes() == before

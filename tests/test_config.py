@@ -39,12 +39,14 @@ def test_config_command_explains_every_key_as_yaml():
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "pipelines.params.config", "-S", "grpo.beta=0.0", "-S", "sft.trainer.max_steps=7"],
+        [sys.executable, "-m", "pipelines.params.config", "-S", "grpo.trainer.beta=0.0",
+         "-S", "sft.trainer.max_steps=7"],
         cwd=REPO, capture_output=True, text=True, check=True,
     ).stdout
-    expected = load_params(None, ["grpo.beta=0.0", "sft.trainer.max_steps=7"])
+    expected = load_params(None, ["grpo.trainer.beta=0.0", "sft.trainer.max_steps=7"])
     assert yaml.safe_load(out) == expected.to_dict()
     assert read_help(out) == HELP  # every section and key with the help params.yaml gives it
+    assert HELP["grpo.trainer.beta"].startswith("KL coefficient")  # and an entry of a mapping with its own
 
 
 def test_fingerprint_leaves_out_the_keys_marked_so():
@@ -56,13 +58,13 @@ def test_fingerprint_leaves_out_the_keys_marked_so():
     assert sft.fingerprint_settings(load_params(None, ["sft.sample_size=3", "sft.resume=false"])) == sft.fingerprint_settings(base)
     assert grpo.fingerprint_settings(load_params(None, ["grpo.signal_window=7"])) == grpo.fingerprint_settings(base)
     assert sft.fingerprint_settings(load_params(None, ["sft.trainer.learning_rate=0.1"])) != sft.fingerprint_settings(base)
-    assert grpo.fingerprint_settings(load_params(None, ["grpo.beta=0.0"])) != grpo.fingerprint_settings(base)
+    assert grpo.fingerprint_settings(load_params(None, ["grpo.trainer.beta=0.0"])) != grpo.fingerprint_settings(base)
 
 
 def test_every_params_key_has_its_help_in_the_comment_block_above_it():
     """Each field of the schema has a help paragraph above its key in params.yaml, every key there is a
     field, in the schema's order, and no key line carries a second, inline explanation."""
-    keys = [k for k in HELP if "." in k]
+    keys = [k for k in HELP if k.count(".") == 1]
     assert keys == FIELDS, "params.yaml keys and the schema's fields differ (or are in another order)"
     assert [k for k in FIELDS if not HELP[k].strip()] == [], "fields without a help comment in params.yaml"
     for line in (REPO / "params.yaml").read_text().splitlines():
@@ -187,13 +189,13 @@ def test_default_and_ordinary_paths_pass(tmp_path):
 @pytest.mark.parametrize(
     "override,ok",
     [
-        ("grpo.beta=0.0", True), ("sft.trainer.max_steps=5", True), ("data.seed=7", True),
+        ("grpo.trainer.beta=0.0", True), ("sft.trainer.max_steps=5", True), ("data.seed=7", True),
         ("data.train_source=hf:openai/gsm8k:main", True), ("rewards.funcs=[accuracy, format]", True),
         ("model.trust_remote_code=true", False), ("sft.checkpoint_dir=x", False), ("grpo.init_dir=x", False),
         ("evaluate.vllm_python=/bin/sh", False), ("evaluate.vllm_args.load_format=pt", False),
         ("sft.trainer.push_to_hub=true", False), ("tracking.uri=http://elsewhere", False),
         ("data.train_source=jsonl:/etc/passwd", False), ("rewards.funcs=[mypkg.mod:reward]", False),
-        ("sft.metrics_file=x.json", False),
+        ("sft.metrics_file=x.json", False), ("grpo.trainer.use_vllm=true", False),
     ],
 )
 def test_remote_runs_may_only_override_the_allow_list(override, ok):
@@ -204,6 +206,26 @@ def test_remote_runs_may_only_override_the_allow_list(override, ok):
     else:
         with pytest.raises(ConfigError, match="remote run"):
             check_remote_overrides([override])
+
+
+def test_an_old_key_is_one_line_naming_its_new_name(tmp_path):
+    """TRL's GRPOConfig settings moved from grpo.* to grpo.trainer.*: the old key on the command line, in a
+    params file or in a remote run's overrides fails naming the new one (exit 2, one line, no traceback)."""
+    import subprocess
+    import sys
+
+    from pipelines.params.config import check_remote_overrides
+
+    proc = subprocess.run([sys.executable, "-m", "pipelines.params.config", "-S", "grpo.beta=0.1"], cwd=REPO,
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "error: grpo.beta: now grpo.trainer.beta (TRL's GRPOConfig settings are keys of grpo.trainer); "
+        "set grpo.trainer.beta instead"]
+    (tmp_path / "params.yaml").write_text("grpo:\n  loss_type: dr_grpo\n")
+    with pytest.raises(ConfigError, match=r"^grpo\.loss_type: now grpo\.trainer\.loss_type "):
+        load_params(tmp_path / "params.yaml")
+    with pytest.raises(ConfigError, match=r"grpo\.num_generations is now grpo\.trainer\.num_generations"):
+        check_remote_overrides(["grpo.num_generations=4"])
 
 
 def test_params_yaml_is_parsed_once_per_content(tmp_path, monkeypatch):
@@ -225,10 +247,11 @@ def test_params_yaml_is_parsed_once_per_content(tmp_path, monkeypatch):
 
 
 def append_to_every_help_entry(params_file: Path, word: str) -> None:
-    """Append ` word` to the help of every key of a params.yaml (the last comment line above each key)."""
+    """Append ` word` to the help of every key of a params.yaml, and of every mapping entry with help of its own
+    (the last comment line above each)."""
     lines = params_file.read_text().splitlines(keepends=True)
     for i, line in enumerate(lines[1:], 1):
-        if re.match(r"^ {0,2}\w+:", line) and lines[i - 1].lstrip().startswith("#"):
+        if re.match(r"^( {0,2}| {4})\w+:", line) and lines[i - 1].lstrip().startswith("#"):
             lines[i - 1] = f"{lines[i - 1].rstrip()} {word}\n"
     params_file.write_text("".join(lines))
 

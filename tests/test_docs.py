@@ -78,8 +78,8 @@ def commands(line: str) -> list[list[str]]:
 def overrides(argv: list[str]) -> list[str]:
     """The values of every `-S` in argv.
 
-    >>> overrides(["grpoflow", "run", "-S", "grpo.beta=0.0", "-S", "data.seed=7"])
-    ['grpo.beta=0.0', 'data.seed=7']
+    >>> overrides(["grpoflow", "run", "-S", "grpo.trainer.beta=0.0", "-S", "data.seed=7"])
+    ['grpo.trainer.beta=0.0', 'data.seed=7']
     """
     return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "-S"]
 
@@ -250,7 +250,8 @@ def test_the_rerun_claim_of_grpo_keys_follows_dvc_yaml():
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     grpo_keys = {s: {p for p in e.get("params", []) if isinstance(p, str) and p.startswith("grpo.")} for s, e in stages.items()}
     assert set(re.findall(r"`(grpo\.[\w.]+)`", claim)) == grpo_keys["selection"] | grpo_keys["evaluate"]
-    assert grpo_keys["evaluate"] == {"grpo.temperature"} and "`evaluate` also reads `grpo.temperature`" in claim
+    assert grpo_keys["evaluate"] == {"grpo.trainer.temperature"}
+    assert "`evaluate` also reads `grpo.trainer.temperature`" in claim
     assert [s for s, e in stages.items() if "grpo" in e.get("params", [])] == ["grpo"]
 
 

@@ -147,7 +147,7 @@ def test_endpoint_is_scored_like_a_model_with_retries(problems, tmp_path, capsys
     assert {b["messages"][-1]["content"] for b in greedy} == {r["question"] for r in rows}
     assert all(b["messages"] == gsm8k.build_messages(b["messages"][-1]["content"]) for b in answered)
     assert all(b["model"] == "stub" and b["max_tokens"] == 256 for b in answered)
-    assert {b["temperature"] for b in sampled} == {0.8}  # grpo.temperature
+    assert {b["temperature"] for b in sampled} == {0.8}  # grpo.trainer.temperature
     seeds = {(b["messages"][-1]["content"], b["seed"]) for b in sampled}
     assert seeds == {(q, s + j) for q, s in stub.seeds.items() for j in range(3)}
 

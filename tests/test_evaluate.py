@@ -393,7 +393,7 @@ def test_stage_writes_reports_comparison_and_cli_reproduces_it(workspace, capsys
 
 
 def test_sampled_metrics_are_reported_paired_logged_and_reproducible(workspace):
-    """k samples per problem at grpo.temperature: sampled accuracy, pass@k and maj@k with intervals in
+    """k samples per problem at grpo.trainer.temperature: sampled accuracy, pass@k and maj@k with intervals in
     <model>.json, per-sample verdicts in the items, paired tests in comparison.json, the numbers in
     MLflow; and a second run on the same params gives identical numbers."""
     import mlflow
@@ -401,7 +401,7 @@ def test_sampled_metrics_are_reported_paired_logged_and_reproducible(workspace):
     reports = {}
     for run in ("a", "b"):
         params_args = sum((["-S", o] for o in overrides(
-            workspace, "evaluate.limit=8", "evaluate.num_samples=4", "grpo.temperature=1.5",
+            workspace, "evaluate.limit=8", "evaluate.num_samples=4", "grpo.trainer.temperature=1.5",
             f"evaluate.output_dir={workspace / 'reports/sampled' / run}",
         )), [])
         assert evaluate.main(params_args) == 0

@@ -226,7 +226,7 @@ def test_nested_override_lands_nested_and_keeps_comments(tmp_path):
     from pipelines.params.overrides import yaml_float
 
     p = tmp_path / "params.yaml"
-    p.write_text("sft:\n  trainer:\n    max_steps: 1500   # steps\n    seed: 0\ngrpo:\n  beta: 0.04  # kl\n")
+    p.write_text("sft:\n  trainer:\n    max_steps: 1500   # steps\n    seed: 0\ngrpo:\n  dev_size: 4  # dev\n")
     write_overrides(p, ["sft.trainer.max_steps=10", "grpo.trainer.max_steps=2", "grpo.lora.r=4"])
     text = p.read_text()
     assert "trainer.max_steps" not in text
@@ -240,7 +240,7 @@ def test_nested_override_lands_nested_and_keeps_comments(tmp_path):
     assert isinstance(params.grpo.trainer["learning_rate"], float)
     assert f"learning_rate: {yaml_float(lr)}" in p.read_text()
     assert params.grpo.lora["r"] == 4 and params.grpo.lora["lora_alpha"] == 32
-    assert params.grpo == load_params(None, ["grpo.beta=0.04", "grpo.trainer.max_steps=2", "grpo.lora.r=4"]).grpo
+    assert params.grpo == load_params(None, ["grpo.dev_size=4", "grpo.trainer.max_steps=2", "grpo.lora.r=4"]).grpo
 
 
 def test_rejected_nested_override_leaves_params_yaml_byte_identical(tmp_path):
@@ -248,7 +248,7 @@ def test_rejected_nested_override_leaves_params_yaml_byte_identical(tmp_path):
     original = (REPO / "params.yaml").read_bytes()
     p.write_bytes(original)
     for bad in (["sft.trainer.max_steps=10", "sft.resume=maybe"], ["sft.lora=3", "sft.lora.r=2"],
-                ["grpo.trainer.num_generations=4"], ["sft.trainer.max_steps=5", "nosection.x=1"]):
+                ["grpo.trainer.num_generations=3"], ["grpo.beta=0.1"], ["sft.trainer.max_steps=5", "nosection.x=1"]):
         with pytest.raises(ConfigError):
             write_overrides(p, bad)
         assert p.read_bytes() == original, bad

@@ -150,7 +150,7 @@ def test_bf16_autocast_on_a_cpu_only_where_asked_and_native(monkeypatch):
 def test_grpo_step_benchmark_reports_the_parts_of_a_step(tmp_path):
     """The benchmark on the tiny preset (full fine-tuning), 1 measured step: its JSON adds up."""
     small = ["data.synthetic_train_size=60", "data.synthetic_answer_only_size=40", "grpo.trainer.max_completion_length=16",
-             "grpo.trainer.per_device_train_batch_size=8", "grpo.num_generations=4"]
+             "grpo.trainer.per_device_train_batch_size=8", "grpo.trainer.num_generations=4"]
     cmd = [sys.executable, str(REPO / "benchmarks/grpo_step.py"), "--preset", "tiny", "--steps", "1", "--warmup", "1",
            "--path", "before", *[a for s in small for a in ("-S", s)]]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
@@ -204,7 +204,7 @@ def test_rollouts_compute_in_bf16_on_a_cpu_only_where_training_does(merge):
     """TRL generates outside autocast: without rollout_context a bf16 run decodes in float32, slower
     and in another precision than its loss. Inside it, the projections compute in bf16 (merged or
     not), and on exit the model computes in float32 again with its exact weights (the same tensors)."""
-    from components.grpo import rollout_context
+    from components.training.grpo_trainer import rollout_context
 
     model = tiny_lora_model(2)
     model.eval()

@@ -147,15 +147,16 @@ def stage_trainer(tmp_path, monkeypatch, overrides):
                                  synthetic_answer_only_size=24))
     model, tokenizer = model_stage.build_tiny(ModelParams(seed=0, **TINY), tmp_path / "data/train.jsonl")
     rows = [json.loads(line) for line in (tmp_path / "data/grpo.jsonl").read_text().splitlines()]
-    params = load_params(None, [*presets.overrides("tiny"), "grpo.num_generations=2", "grpo.trainer.per_device_train_batch_size=4",
+    params = load_params(None, [*presets.overrides("tiny"), "grpo.trainer.num_generations=2",
+                                "grpo.trainer.per_device_train_batch_size=4",
                                 "grpo.trainer.max_completion_length=12", "grpo.trainer.max_steps=4",
-                                "grpo.trainer.logging_steps=1", "grpo.trainer.report_to=[]", "grpo.beta=0.1",
-                                "grpo.use_lora=true", "grpo.trainer.save_strategy='no'", "grpo.temperature=1.5",
+                                "grpo.trainer.logging_steps=1", "grpo.trainer.report_to=[]", "grpo.trainer.beta=0.1",
+                                "grpo.use_lora=true", "grpo.trainer.save_strategy='no'", "grpo.trainer.temperature=1.5",
                                 f"grpo.checkpoint_dir={tmp_path / 'ck'}", *overrides])
     args, peft_config = grpo.trainer_settings(params)
     trainer = grpo.trainer_class(params)(
         model=model, args=args, train_dataset=grpo.prompt_dataset(rows, tokenizer), processing_class=tokenizer,
-        peft_config=peft_config, reward_funcs=[parity_reward])
+        peft_config=peft_config, reward_funcs=[parity_reward], stage_params=params.grpo)
     return trainer, rows
 
 

@@ -519,11 +519,11 @@ def test_accelerate_configs_resolve_through_accelerates_launcher():
         path = str(INFRA / "accelerate" / f"{name}.yaml")
         cfg = load_config_from_file(path)
         args = launch_command_parser().parse_args(
-            ["--config_file", path, "-m", "components.grpo", "-S", "grpo.beta=0.0"]
+            ["--config_file", path, "-m", "components.grpo", "-S", "grpo.trainer.beta=0.0"]
         )
         args, defaults, _ = _validate_launch_command(args)
         assert args.module and args.training_script == "components.grpo"
-        assert args.training_script_args == ["-S", "grpo.beta=0.0"]
+        assert args.training_script_args == ["-S", "grpo.trainer.beta=0.0"]
         assert cfg.mixed_precision == "no"  # precision is the trainer's setting (grpo.trainer.bf16)
         if stage is None:
             assert args.multi_gpu and not args.use_deepspeed
@@ -658,12 +658,12 @@ def test_scale_out_overrides_and_arguments_parse():
         None,
         [
             "grpo.trainer.bf16=true",
-            "grpo.use_vllm=true",
-            "grpo.vllm_mode=server",
+            "grpo.trainer.use_vllm=true",
+            "grpo.trainer.vllm_mode=server",
             "grpo.trainer.vllm_server_base_url=http://127.0.0.1:8000",
         ],
     )
-    assert p.grpo.use_vllm and p.grpo.vllm_mode == "server"
+    assert p.grpo.trainer["use_vllm"] and p.grpo.trainer["vllm_mode"] == "server"
     assert p.grpo.trainer["vllm_server_base_url"] == "http://127.0.0.1:8000"
     p = load_params(None, ["evaluate.backend=vllm", "evaluate.vllm_args.tensor_parallel_size=4"])
     assert p.evaluate.backend == "vllm" and p.evaluate.vllm_args == {"tensor_parallel_size": 4}

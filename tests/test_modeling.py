@@ -156,9 +156,9 @@ def test_trl_configs_are_built_from_the_params_and_reject_unknown_keys():
     from trl import GRPOConfig, SFTConfig
 
     params = load_params(REPO / "params.yaml")
-    from components.grpo import recipe
+    from components.grpo import owned_fields
 
-    args = finetune.build_trl_args(GRPOConfig, "grpo", params.grpo.trainer, output_dir="x", **recipe(params))
+    args = finetune.build_trl_args(GRPOConfig, "grpo", params.grpo.trainer, output_dir="x", **owned_fields(params))
     assert (args.beta, args.loss_type, args.epsilon, args.num_generations) == (0.1, "grpo", 0.2, 8)
     assert (args.per_device_train_batch_size, args.steps_per_generation, args.generation_batch_size) == (16, 8, 128)
     assert (args.temperature, args.scale_rewards) == (0.8, "group")
@@ -175,21 +175,37 @@ def test_trl_configs_are_built_from_the_params_and_reject_unknown_keys():
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("grpo.loss_type=ppo", r"grpo\.loss_type: expected one of \['grpo', 'bnpo', 'dr_grpo', 'dapo'"),
+        ("grpo.trainer.loss_type=ppo", r"grpo\.trainer\.loss_type: expected one of \['grpo', 'bnpo', 'dr_grpo'"),
         (
-            "grpo.num_generations=7",
+            "grpo.trainer.num_generations=7",
             r"generation batch of 128 .* not divisible by num_generations=7",
         ),
-        ("grpo.trainer.beta=0.1", r"grpo\.trainer\.beta: the stage sets it; use grpo\.beta instead"),
+        ("grpo.beta=0.1", r"^grpo\.beta: now grpo\.trainer\.beta \(TRL's GRPOConfig settings are keys of grpo"),
         ("grpo.trainer.reward_weights=[1]", r"set rewards\.weights instead"),
         ("sft.trainer.output_dir=x", r"sft\.trainer\.output_dir: the stage sets it"),
-        ("grpo.num_generations=1", r"grpo\.num_generations: expected a value >= 2"),
+        ("grpo.trainer.num_generations=1", r"grpo\.trainer\.num_generations: expected a value >= 2"),
+        ("grpo.trainer.temperature=0", r"grpo\.trainer\.temperature: expected a value > 0"),
+        ("grpo.trainer.beta=x", r"grpo\.trainer\.beta: expected a number, got 'x'"),
+        ("grpo.trainer.vllm_mode=remote", r"grpo\.trainer\.vllm_mode: expected one of \['colocate', 'server'\]"),
         ("sft.demo_untagged_rate=1.5", r"sft\.demo_untagged_rate: expected a value <= 1"),
     ],
 )
 def test_bad_training_params_fail_at_load(override, message):
     with pytest.raises(ConfigError, match=message):
         load_params(REPO / "params.yaml", [override])
+
+
+def test_a_grpo_trainer_mapping_that_leaves_out_a_recipe_key_gets_the_recipes_value(tmp_path):
+    """TRL's defaults differ from the recipe's (beta 0, loss_type dapo, temperature 1): a params file whose
+    grpo.trainer names some keys trains with the recipe's values for the others, as when they were grpo.* keys."""
+    from components.common.params import GRPO_RECIPE
+
+    p = tmp_path / "params.yaml"
+    p.write_text("grpo:\n  trainer:\n    max_steps: 3\n    loss_type: dr_grpo\n    beta: 0\n")
+    trainer = load_params(p, root=tmp_path).grpo.trainer
+    recipe = {key: value for key, (value, _) in GRPO_RECIPE.items()}
+    assert trainer == {**recipe, "max_steps": 3, "loss_type": "dr_grpo", "beta": 0.0}
+    assert isinstance(trainer["beta"], float)  # checked and typed when loaded, as a grpo.* key was
 
 
 def test_nested_override_keeps_the_other_trainer_keys():

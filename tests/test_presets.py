@@ -38,7 +38,7 @@ def trl_configs(params, gpu_preset: bool):
         return sft_args, grpo_args, sft_lora, grpo_lora
     sft_args = finetune.build_trl_args(SFTConfig, "sft", params.sft.trainer, output_dir="c", use_cpu=True)
     grpo_args = finetune.build_trl_args(
-        GRPOConfig, "grpo", params.grpo.trainer, output_dir="c", use_cpu=True, **grpo.recipe(params)
+        GRPOConfig, "grpo", params.grpo.trainer, output_dir="c", use_cpu=True, **grpo.owned_fields(params)
     )
     return sft_args, grpo_args, finetune.lora_config("sft", params.sft.lora), finetune.lora_config("grpo", params.grpo.lora)
 

@@ -51,7 +51,7 @@ def params(root: Path, *extra: str):
         "selection.num_samples=2",
         "selection.max_new_tokens=8",
         "selection.mode=strict",  # an untrained model never tags an answer (its last number may match by chance)
-        "grpo.num_generations=4",
+        "grpo.trainer.num_generations=4",
         "grpo.trainer.per_device_train_batch_size=8",
         *extra,
     ])

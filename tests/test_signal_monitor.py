@@ -71,7 +71,7 @@ def test_kl_drift_warns_once():
     monitor = SignalMonitor(window=3)
     warnings = feed(monitor, logs([0.3] * 10, [0.4] * 10, [0.02, 0.05, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]))
     assert [(w.condition, w.step) for w in warnings] == [("kl_drift", 40)]  # (0.05 + 0.2 + 0.3) / 3 > 0.1
-    assert "drifting" in warnings[0].message and "grpo.beta" in warnings[0].message
+    assert "drifting" in warnings[0].message and "grpo.trainer.beta" in warnings[0].message
 
 
 def test_logs_without_the_signal_are_ignored():

@@ -8,7 +8,6 @@ A section whose keys constrain each other has a `check()` method, called once it
 field's checks; the value checkers it uses live in components/common/params_rules.py.
     path                  output_dir | input_dir | output_file: a stage path, kept inside the
                           repository and apart from other stages' (components/common/path_safety.py)
-    recipe                a grpo key the stage passes to TRL's GRPOConfig (so not allowed in grpo.trainer)
     fingerprint=False     a key that does not change what is trained: left out of the resume
                           fingerprint of the training stages (components/training/finetune.py)
 
@@ -34,13 +33,14 @@ from components.common.params_rules import (
     check_rewards,
     check_sources,
     check_trainer_keys,
+    check_trainer_values,
     parse_band,
 )
 
 
 def _f(default: Any, **meta: Any) -> Any:
     """A dataclass field with its metadata: checks (choices, ge, gt, le) and roles (see the module
-    docstring: path, recipe, fingerprint)."""
+    docstring: path, fingerprint)."""
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
@@ -117,6 +117,23 @@ class ModelParams:
 
 # The loss formulations TRL 1.16's GRPOConfig.loss_type accepts (checked against trl/trainer/grpo_trainer.py).
 GRPO_LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
+# TRL GRPOConfig fields of GRPO's recipe, set in `grpo.trainer` (TRL's own defaults differ: beta 0, loss_type
+# dapo, temperature 1): {key: (the recipe's value, the checks it passes when params are loaded)}; TRL checks
+# some only once training runs (an unknown loss_type fails at the first loss). A `grpo.trainer` mapping that
+# leaves one out gets the recipe's value, as a params file without the mapping gets them all.
+GRPO_RECIPE: dict[str, tuple[Any, dict[str, Any]]] = {
+    "num_generations": (8, {"ge": 2}),
+    "temperature": (0.8, {"gt": 0.0}),
+    "beta": (0.1, {"ge": 0.0}),
+    "epsilon": (0.2, {"gt": 0.0}),
+    "loss_type": ("grpo", {"choices": GRPO_LOSS_TYPES}),
+    "scale_rewards": ("group", {"choices": ["group", "batch", "none"]}),
+    "num_iterations": (1, {"ge": 1}),
+    "use_vllm": (False, {}),
+    "vllm_mode": ("colocate", {"choices": ["colocate", "server"]}),
+}
+# Keys that moved: their old name to the new one (loading names the new one instead of failing as unknown).
+MOVED_KEYS = {f"grpo.{key}": f"grpo.trainer.{key}" for key in GRPO_RECIPE}
 # Defaults of the `trainer:` mappings, SmolLM2-135M-Instruct's LoRA recipe on a 2-core CPU (params.yaml
 # repeats them with a comment each); any TRL SFTConfig / GRPOConfig field may be added.
 SFT_TRAINER_DEFAULTS: dict[str, Any] = {
@@ -133,6 +150,7 @@ SFT_TRAINER_DEFAULTS: dict[str, Any] = {
     "seed": 0,
 }
 GRPO_TRAINER_DEFAULTS: dict[str, Any] = {
+    **{key: value for key, (value, _) in GRPO_RECIPE.items()},
     "max_steps": 128,
     "per_device_train_batch_size": 16,
     "steps_per_generation": 8,
@@ -214,15 +232,6 @@ class GRPOParams:
     history_file: str = _history_file("grpo")
     checkpoint_dir: str = _checkpoint_dir("grpo")
     resume: bool = _resume()
-    num_generations: int = _f(8, ge=2, recipe=True)
-    temperature: float = _f(0.8, gt=0.0, recipe=True)
-    beta: float = _f(0.1, ge=0.0, recipe=True)
-    epsilon: float = _f(0.2, gt=0.0, recipe=True)
-    loss_type: str = _f("grpo", choices=GRPO_LOSS_TYPES, recipe=True)
-    scale_rewards: str = _f("group", choices=["group", "batch", "none"], recipe=True)
-    num_iterations: int = _f(1, ge=1, recipe=True)
-    use_vllm: bool = _f(False, recipe=True)
-    vllm_mode: str = _f("colocate", choices=["colocate", "server"], recipe=True)
     sample_size: int = _sample_size()
     dev_size: int = _f(0, ge=0)
     dev_every: int = _f(100, ge=1)
@@ -241,8 +250,10 @@ class GRPOParams:
     trainer: dict[str, Any] = _trainer(GRPO_TRAINER_DEFAULTS)
 
     def check(self) -> None:
-        recipe = (*(f.name for f in dataclasses.fields(self) if f.metadata.get("recipe")), "reward_weights")
-        check_trainer_keys("grpo", self.trainer, STAGE_OWNED_TRAINER_KEYS + recipe, recipe)
+        check_trainer_keys("grpo", self.trainer, (*STAGE_OWNED_TRAINER_KEYS, "reward_weights"))
+        for key, (value, _) in GRPO_RECIPE.items():  # the recipe's values where the mapping leaves them out
+            self.trainer.setdefault(key, value)
+        check_trainer_values("grpo", self.trainer, GRPO_RECIPE)
         check_generation_batch(self)
 
 

@@ -1,9 +1,10 @@
 """Loading params: params.yaml (or `--params FILE`, or $GRPOFLOW_PARAMS) read, `-S section.key=value`
-overrides applied (the syntax of `dvc exp run -S`; values are parsed as YAML, so `-S grpo.beta=0.0`
+overrides applied (the syntax of `dvc exp run -S`; values are parsed as YAML, so `-S grpo.trainer.beta=0.0`
 is a float and `-S data.allow_overlap=true` a bool), every key checked against the schema
 (components/common/params.py) and the rules (components/common/params_rules.py, each section's `check()`), and the stage paths against the
 repository (components/common/path_safety.py). `load_params()` returns a `Params`; unknown keys, wrong
-types and out-of-range values raise a ConfigError whose message names the key and what was expected.
+types and out-of-range values raise a ConfigError whose message names the key and what was expected (a key
+that moved, `MOVED_KEYS`, its new name).
 A key the file leaves out takes its field's default.
 """
 
@@ -20,7 +21,7 @@ import yaml
 
 from components.common.errors import ConfigError
 from components.common.files import repo_root
-from components.common.params import SECTIONS, Params
+from components.common.params import MOVED_KEYS, SECTIONS, Params
 from components.common.params_rules import check_bounds, coerce
 from components.common.path_safety import check_paths
 
@@ -37,6 +38,11 @@ def build_section(name: str, raw: Any) -> Any:
         raise ConfigError(f"{name}: expected a mapping of keys, got {raw!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
+    moved = [f"{name}.{key}" for key in unknown if f"{name}.{key}" in MOVED_KEYS]
+    if moved:
+        new = MOVED_KEYS[moved[0]]
+        raise ConfigError(f"{moved[0]}: now {new} (TRL's GRPOConfig settings are keys of grpo.trainer); "
+                          f"set {new} instead")
     if unknown:
         raise ConfigError(
             f"{name}.{unknown[0]}: unknown key; known keys of '{name}': {', '.join(sorted(fields))}"

@@ -1,9 +1,10 @@
 """The checks params pass when they are loaded: each value against its field's type and bounds
 (`coerce`, `check_bounds`: the `choices`/`ge`/`gt`/`le` metadata of components/common/params.py), and the
 value checkers the sections' `check` methods (their rules across keys) are written with: data sources,
-trainer keys a stage owns, GRPO's generation batch, reward weights, and `parse_band` (a band of
-reasoning steps, `evaluate.target_band`). Every failure is a ConfigError whose message names the key
-and what was expected. Nothing here imports the schema, which imports this module.
+trainer keys a stage owns, the values of GRPO's recipe keys in its trainer mapping, GRPO's generation batch,
+reward weights, and `parse_band` (a band of reasoning steps, `evaluate.target_band`). Every failure is a
+ConfigError whose message names the key and what was expected. Nothing here imports the schema, which
+imports this module.
 """
 
 from __future__ import annotations
@@ -85,14 +86,23 @@ def check_bounds(key: str, value: Any, meta: typing.Mapping[str, Any]) -> None:
 
 
 
-def check_trainer_keys(section: str, trainer: dict[str, Any], owned: tuple[str, ...], recipe: tuple[str, ...] = ()) -> None:
-    """A `trainer:` mapping may not set what the stage sets itself (`owned`; `recipe`: a key of the section)."""
+def check_trainer_keys(section: str, trainer: dict[str, Any], owned: tuple[str, ...]) -> None:
+    """A `trainer:` mapping may not set what the stage sets itself (`owned`)."""
     for key in trainer:
         if key == "reward_weights" and key in owned:
             raise ConfigError(f"{section}.trainer.{key}: set rewards.weights instead")
         if key in owned:
-            hint = f"{section}.{key}" if key in recipe else f"{section}.checkpoint_dir and {section}.resume"
-            raise ConfigError(f"{section}.trainer.{key}: the stage sets it; use {hint} instead")
+            raise ConfigError(f"{section}.trainer.{key}: the stage sets it; use {section}.checkpoint_dir and "
+                              f"{section}.resume instead")
+
+
+def check_trainer_values(section: str, trainer: dict[str, Any], checks: dict[str, tuple[Any, dict[str, Any]]]) -> None:
+    """The values of a `trainer:` mapping that `checks` names ({key: (default, {choices, ge, gt, le})}), each of
+    its default's type, in place: an int becomes a float where the default is one (TRL's config checks the rest)."""
+    for key, (default, meta) in checks.items():
+        if key in trainer:
+            trainer[key] = coerce(f"{section}.trainer.{key}", trainer[key], type(default))
+            check_bounds(f"{section}.trainer.{key}", trainer[key], meta)
 
 
 def check_sources(section: str, cfg: Any, keys: tuple[str, ...], synthetic: bool) -> None:
@@ -112,8 +122,10 @@ def check_sources(section: str, cfg: Any, keys: tuple[str, ...], synthetic: bool
 
 def check_generation_batch(cfg: Any) -> None:
     """TRL checks this too, but only once torch and TRL are loaded; fail at load time instead.
-    TrainingArguments defaults: per_device_train_batch_size 8, gradient_accumulation_steps 1."""
+    TrainingArguments defaults: per_device_train_batch_size 8, gradient_accumulation_steps 1;
+    `trainer.num_generations` is there (the section's check fills in the recipe's)."""
     t = cfg.trainer
+    group = t["num_generations"]
     ints = {k: t.get(k) for k in ("per_device_train_batch_size", "generation_batch_size",
                                     "steps_per_generation", "gradient_accumulation_steps")}
     if any(v is not None and (isinstance(v, bool) or not isinstance(v, int)) for v in ints.values()):
@@ -123,12 +135,11 @@ def check_generation_batch(cfg: Any) -> None:
     generation = ints["generation_batch_size"] or per_step * (
         ints["steps_per_generation"] or ints["gradient_accumulation_steps"] or 1
     )
-    if generation % cfg.num_generations:
+    if generation % group:
         raise ConfigError(
-            f"grpo.num_generations: the generation batch of {generation} completions "
+            f"grpo.trainer.num_generations: the generation batch of {generation} completions "
             f"(trainer.per_device_train_batch_size x processes x steps_per_generation) is not divisible by "
-            f"num_generations={cfg.num_generations}; make grpo.trainer.per_device_train_batch_size a "
-            f"multiple of {cfg.num_generations}"
+            f"num_generations={group}; make grpo.trainer.per_device_train_batch_size a multiple of {group}"
         )
 
 

@@ -8,7 +8,7 @@ and the promotion gate's re-evaluation of a champion.
     evaluate_model(model, problems, params)  generate (components/evaluation/generation.py, or an OpenAI-compatible
                                              endpoint, components/evaluation/endpoint.py) and score: (metrics, items)
 
-Sampled metrics (`evaluate.num_samples` k > 0, at the training temperature `grpo.temperature`):
+Sampled metrics (`evaluate.num_samples` k > 0, at the training temperature `grpo.trainer.temperature`):
 `sampled_accuracy_*` (mean correctness of the k samples, normal interval over items),
 `pass_at_k_*` (unbiased pass@k, Chen et al. 2021; with n = k samples it is the share of items with
 a correct sample, Wilson interval), `maj_at_k_*` (the majority answer of the k samples, Wilson
@@ -172,7 +172,7 @@ def settings_from(params: Params) -> GenerationSettings:
         batch_size=cfg.batch_size,
         seed=cfg.seed,
         num_samples=cfg.num_samples,
-        temperature=params.grpo.temperature,
+        temperature=params.grpo.trainer["temperature"],
         vllm_python=cfg.vllm_python,
         vllm_args=dict(cfg.vllm_args),
     )

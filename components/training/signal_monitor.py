@@ -129,7 +129,7 @@ class SignalMonitor:
                     "kl_drift", step,
                     f"mean KL to the reference model {kl:.3f} over the last {n} logs (threshold {self.max_kl:g}): "
                     "the policy is drifting from the SFT model; check completions for reward hacking, "
-                    "or raise grpo.beta / lower the learning rate",
+                    "or raise grpo.trainer.beta / lower the learning rate",
                 ))
         return out
 

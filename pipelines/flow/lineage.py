@@ -1,7 +1,7 @@
 """The pipeline's MLflow parent run and the lineage it records.
 
     run_name(root, overrides)          what a run is called in MLflow and Prefect: the short commit and
-                                       the overrides (`3f2a1bc grpo.beta=0.0`), `rerun` added when no
+                                       the overrides (`3f2a1bc grpo.trainer.beta=0.0`), `rerun` added when no
                                        stage ran; flow_run_name() is the same for Prefect's decorator
     parent_run(params, root, overrides)  context manager: marks runs whose process is gone KILLED, opens
                                        the parent run with the static lineage (git commit and dirty flag,

@@ -2,7 +2,7 @@
 lineage → register → promote, inside one MLflow parent run.
 
     grpoflow run                         # the embedded defaults (what `make demo` runs)
-    grpoflow run -S grpo.beta=0.0        # apply an override to params.yaml, as `dvc exp run -S` does
+    grpoflow run -S grpo.trainer.beta=0.0        # apply an override to params.yaml, as `dvc exp run -S` does
 
 The stage list and order come from `dvc.yaml` (DVC's own graph); each stage task runs
 `dvc repro --single-item <stage>` in a subprocess with cwd = the repo root, so `dvc.lock`

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from components.common.errors import ConfigError
 from components.common.files import write_text
+from components.common.params import MOVED_KEYS
 from components.common.params_load import apply_override, load_params, parse_override
 
 
@@ -76,6 +77,9 @@ _TRAINER_NUMBERS = (
     "steps_per_generation", "generation_batch_size", "max_length", "max_completion_length", "seed",
     "logging_steps", "save_steps", "save_total_limit",
 )
+# GRPO's recipe keys of TRL's GRPOConfig a remote run may set (use_vllm and vllm_mode pick the worker's services).
+_GRPO_RECIPE_NUMBERS = ("num_generations", "temperature", "beta", "epsilon", "loss_type", "scale_rewards",
+                        "num_iterations")
 REMOTE_OVERRIDES = (
     "data.seed", "data.synthetic_*", "data.max_train_rows", "data.max_test_rows", "data.on_bad_rows",
     "data.answer_only_share", "data.demo_max_steps", "data.answer_only_min_steps",
@@ -85,9 +89,8 @@ REMOTE_OVERRIDES = (
     "selection.max_candidates", "selection.num_samples", "selection.mode", "selection.keep_*", "selection.min_pass_rate",
     "selection.max_pass_rate", "selection.min_prompts", "selection.max_new_tokens", "selection.backend", "selection.seed",
     *(f"sft.trainer.{k}" for k in _TRAINER_NUMBERS),
-    "grpo.resume", "grpo.num_generations", "grpo.temperature", "grpo.beta", "grpo.epsilon", "grpo.loss_type",
-    "grpo.scale_rewards", "grpo.num_iterations", "grpo.sample_size", "grpo.dev_size", "grpo.dev_every", "grpo.use_lora", "grpo.lora.*",
-    *(f"grpo.trainer.{k}" for k in _TRAINER_NUMBERS),
+    "grpo.resume", "grpo.sample_size", "grpo.dev_size", "grpo.dev_every", "grpo.use_lora", "grpo.lora.*",
+    *(f"grpo.trainer.{k}" for k in (*_GRPO_RECIPE_NUMBERS, *_TRAINER_NUMBERS)),
     "rewards.funcs", "rewards.weights",  # registry names only, no package.module:function
     "evaluate.include_base", "evaluate.target_band", "evaluate.limit", "evaluate.protocol", "evaluate.backend", "evaluate.max_new_tokens",
     "evaluate.batch_size", "evaluate.dtype", "evaluate.num_samples", "evaluate.num_fewshot",
@@ -103,6 +106,8 @@ def check_remote_overrides(overrides: typing.Iterable[str]) -> None:
     for text in overrides:
         section, key, value = parse_override(text)
         full = f"{section}.{key}"
+        if full in MOVED_KEYS:
+            raise ConfigError(f"override {text!r}: {full} is now {MOVED_KEYS[full]}; set that instead")
         if not any(fnmatch.fnmatchcase(full, pattern) for pattern in REMOTE_OVERRIDES):
             raise ConfigError(
                 f"override {text!r}: {full} cannot be set by a remote run (paths, code and services are "

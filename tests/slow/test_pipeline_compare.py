@@ -1,5 +1,5 @@
 """Comparing runs the way a user does after `make demo`, on a copy of the session's baseline run
-(tests/project_repo.py): commit the outputs as the baseline, `dvc exp run -S grpo.beta=0.0`; then
+(tests/project_repo.py): commit the outputs as the baseline, `dvc exp run -S grpo.trainer.beta=0.0`; then
 `dvc exp show --json`, `dvc metrics diff` and `dvc plots show` / `dvc plots diff` compare the two.
 (What the first run itself shows, in the terminal, in git and in MLflow, is tests/test_pipeline_smoke.py's.)
 
@@ -42,12 +42,12 @@ def test_a_dvc_experiment_compared_with_the_committed_baseline(baseline, tmp_pat
     # The user's baseline: commit the outputs. Then a DVC experiment with one param changed.
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "baseline run")
-    dvc(repo, env, "exp", "run", "-S", "grpo.beta=0.0")
+    dvc(repo, env, "exp", "run", "-S", "grpo.trainer.beta=0.0")
 
     shown = json.loads(dvc(repo, env, "exp", "show", "--json"))
     base = next(e for e in shown if e["rev"] != "workspace")
     experiment = base["experiments"][0]["revs"][0]["data"]
-    assert experiment["params"]["params.yaml"]["data"]["grpo"]["beta"] == 0.0
+    assert experiment["params"]["params.yaml"]["data"]["grpo"]["trainer"]["beta"] == 0.0
     new = json.loads((repo / "reports/eval/grpo.json").read_text())  # exp run applied its results here
     # The headline metrics (reports/eval/metrics/<model>.json) are what DVC compares.
     headline = "reports/eval/metrics/grpo.json"

@@ -54,8 +54,8 @@ TINY_PARAMS = {
     },
     "grpo": {
         "sample_size": 4,
-        "num_generations": 4,
         "trainer": {
+            "num_generations": 4,
             "max_steps": 4,
             "per_device_train_batch_size": 8,
             "learning_rate": 1.0e-3,
@@ -185,7 +185,8 @@ def test_sft_changes_the_weights_and_logs(sft_workdir: Path):
 
 def test_grpo_changes_the_weights_and_logs(workdir: Path):
     # a signal-monitor window of one log and no KL allowed: the kl_drift warning must reach the run
-    stage(workdir, "grpo", "grpo.signal_window=2", "grpo.signal_max_kl=0")
+    out = stage(workdir, "grpo", "grpo.signal_window=2", "grpo.signal_max_kl=0")
+    assert "Downloading artifacts" not in out.stdout + out.stderr  # the completions' logging downloads nothing
     assert changed(weights(workdir / "models/sft"), weights(workdir / "models/grpo"))
     assert json.loads((workdir / "reports/train/grpo.json").read_text())["global_step"] == 4
 
@@ -211,10 +212,11 @@ def test_grpo_changes_the_weights_and_logs(workdir: Path):
     ):
         assert key in metrics, key
     assert "drifting" in run.data.tags["grpoflow.grpo.signal_warning"]
-    assert run.data.params["grpo.beta"] == "0.04" and run.data.params["loss_type"] == "grpo"
+    assert run.data.params["grpo.trainer.beta"] == "0.04" and run.data.params["loss_type"] == "grpo"
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"grpo_completions.json", "grpo_samples.json", "grpo_signal_warnings.txt"} <= artifacts
-    table = json.loads(Path(client.download_artifacts(run.info.run_id, "grpo_completions.json")).read_text())
+    assert {"completions", "grpo_samples.json", "grpo_signal_warnings.txt"} <= artifacts
+    first = client.list_artifacts(run.info.run_id, "completions")[0].path  # one file per generation batch
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, first)).read_text())
     assert {"step", "prompt", "completion", "reward_format_reward", "advantage"} <= set(table["columns"])
 
 
@@ -271,7 +273,7 @@ def test_killed_grpo_resumes_from_its_checkpoint(workdir: Path):
 @pytest.mark.parametrize(
     "module,overrides,message",
     [
-        ("grpo", ["grpo.loss_type=ppo"], "grpo.loss_type: expected one of"),
+        ("grpo", ["grpo.trainer.loss_type=ppo"], "grpo.trainer.loss_type: expected one of"),
         ("grpo", ["grpo.trainer.per_device_train_batch_size=6"], "not divisible by num_generations=4"),
         ("grpo", ["grpo.init_dir=models/nope"], "SFT model folder models/nope is missing"),
         ("grpo", ["rewards.funcs=[nope]", "rewards.weights=[1]"], "nope"),
