@@ -3,20 +3,18 @@
 Each field is `_f(default, **metadata)`; the metadata says how the key is checked and used:
 
     choices, ge, gt, le   value checks (components/common/params_rules.py, when params are loaded)
-
-A section whose keys constrain each other has a `check()` method, called once its values passed their
-field's checks; the value checkers it uses live in components/common/params_rules.py.
     path                  output_dir | input_dir | output_file: a stage path, kept inside the
                           repository and apart from other stages' (components/common/path_safety.py)
     fingerprint=False     a key that does not change what is trained: left out of the resume
                           fingerprint of the training stages (components/training/finetune.py)
 
-Two lists elsewhere follow the fields, each checked by a test: params.yaml, where each key's value
-equals its field's default and the comment block above it is its help (apart from this module, so that
-editing a sentence re-runs no stage; tests/test_config.py), and the keys a run started through a deployment may override (`REMOTE_OVERRIDES` in
-pipelines/params/overrides.py). Loading
-and `-S` overrides in components/common/params_load.py. The section classes are named `<Section>Params`,
-not `...Config`, so that they never shadow TRL's SFTConfig / GRPOConfig.
+A section whose keys constrain each other has a `check()` method, called once its values passed their
+field's checks (the checkers live in params_rules.py). Two lists elsewhere follow the fields, each checked
+by a test: params.yaml, where each key's value equals its field's default and the comment block above it
+is its help (tests/test_config.py; apart from this module, so that editing a sentence re-runs no stage),
+and the keys a run started through a deployment may override (pipelines/params/overrides.py). Loading and
+`-S` overrides: components/common/params_load.py. Sections are `<Section>Params`, never `...Config`, so
+that they do not shadow TRL's SFTConfig / GRPOConfig.
 """
 
 from __future__ import annotations
