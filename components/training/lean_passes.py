@@ -23,6 +23,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from components.common.errors import BackendError
+
 
 @contextlib.contextmanager
 def cpu_kernels(model: Any, device: Any, bf16: bool | None = None):
@@ -54,13 +56,16 @@ def compact_lm_head():
     """Inside, TRL's fused LM head projects and scores only the positions with a label (the
     completions), as it does on CUDA, on any device. The same log-probs and gradients: the other
     positions are zeros either way. TRL reads the choice from `trl.trainer.utils._use_triton` at every
-    call; where a TRL version has no such name this does nothing."""
+    call; a TRL without that name is refused (BackendError) rather than left to score every position."""
+    import trl
     import trl.trainer.utils as trl_utils
 
     original = getattr(trl_utils, "_use_triton", None)
     if original is None:
-        yield
-        return
+        raise BackendError(
+            f"trl {trl.__version__} has no trl.trainer.utils._use_triton, which grpo.lean_logps and "
+            "sft.lean_passes patch to score only the completions: install trl within pyproject.toml's bounds "
+            "(make venv), or set grpo.lean_logps=false and sft.lean_passes=false")
     trl_utils._use_triton = lambda device: True
     try:
         yield
