@@ -4,6 +4,7 @@ under a temporary folder and with no network access to the Hugging Face hub."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -24,6 +25,15 @@ for key, value in {
     "TOKENIZERS_PARALLELISM": "false",
 }.items():
     os.environ[key] = value
+# `make test VENV=DIR` hands its command-line variables to every process below it, as variables of the
+# environment and again in MAKEFLAGS: a test that ran `make clean` in a copy of the Makefile removed the
+# caller's DIR. Tests run make as a user does, without the outer make's command line.
+if "MAKELEVEL" in os.environ:
+    _line = os.environ.get("MAKEFLAGS", "").partition(" -- ")[2]
+    for _word in re.split(r"(?<!\\) ", _line):
+        os.environ.pop(_word.partition("=")[0], None)
+    for key in ("MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES", "MAKELEVEL"):
+        os.environ.pop(key, None)
 # Prefect reads its settings when it is first imported, so a later monkeypatch.setenv does not
 # reach them: the temporary API server's start-up timeout (20 s by default, too short for a cold
 # first start on 2 busy cores) must be raised here, before any test module imports prefect.

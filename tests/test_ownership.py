@@ -117,6 +117,24 @@ def test_make_clean_removes_only_a_venv_make_created(tmp_path):
     assert not (tmp_path / ".venv").exists()
 
 
+def test_the_make_clean_test_leaves_the_venv_of_an_outer_make_alone(tmp_path):
+    """`make test VENV=DIR` passes VENV=DIR down through MAKEFLAGS; the make clean test above ran in it
+    and removed DIR, a venv make had made (found when `make test VENV=...` lost its venv mid-run)."""
+    import sys
+
+    from tests.project_repo import REPO
+
+    outer = tmp_path / "outer-venv"
+    outer.mkdir()
+    (outer / ".grpoflow-made").touch()
+    (tmp_path / "Makefile").write_text(
+        f"run:\n\t{sys.executable} -m pytest -q -p no:cacheprovider -n 0 "
+        f"{REPO}/tests/test_ownership.py::test_make_clean_removes_only_a_venv_make_created\n")
+    proc = subprocess.run(["make", "run", f"VENV={outer}"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert (outer / ".grpoflow-made").is_file(), "the outer make's VENV was removed"
+
+
 def test_benchmarks_keep_no_folder_holding_files_they_did_not_make(tmp_path):
     from tests.project_repo import REPO
 
