@@ -130,7 +130,7 @@ def random_model(arch: dict[str, Any], params: Any, train: Path, out: Path) -> d
 
 def trainer_settings(args: Any, names: tuple[str, ...]) -> dict[str, Any]:
     """The TRL arguments a phase reports beside its figures."""
-    checkpointing = bool(getattr(args, "activation_checkpointing", False) or args.gradient_checkpointing)
+    checkpointing = bool(args.gradient_checkpointing)
     return {"bf16": bool(args.bf16), "gradient_checkpointing": checkpointing, **{n: getattr(args, n) for n in names}}
 
 

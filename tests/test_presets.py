@@ -72,7 +72,7 @@ def test_gpu_preset_builds_what_real_models_need(name):
     sft_args, grpo_args, sft_lora, grpo_lora = trl_configs(params, gpu_preset=True)
     assert params.data.train_source == params.data.test_source == "hf:openai/gsm8k:main"
     assert params.model.dtype == "bfloat16" and sft_args.bf16 and grpo_args.bf16
-    assert sft_args.activation_checkpointing and grpo_args.activation_checkpointing
+    assert sft_args.gradient_checkpointing and grpo_args.gradient_checkpointing
     assert params.sft.use_lora and params.grpo.use_lora
     assert set(sft_lora.target_modules) == set(grpo_lora.target_modules) == PROJECTIONS
     # Completions long enough not to be cut: Qwen2.5-0.5B-Instruct's GSM8K answers have a median near 270 tokens.

