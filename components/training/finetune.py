@@ -74,11 +74,10 @@ def cpu_bf16(precision_param: str) -> bool:
 
 
 # Warnings known to be harmless that no setting of ours avoids, each silenced by its exact message
-# and the module that issues it (never wholesale). TRL 1.16 reads `model.is_gradient_checkpointing`,
-# deprecated in transformers 5, before every GRPO generation (trl/models/utils.py): once per step.
-KNOWN_HARMLESS_WARNINGS = [
-    (FutureWarning, "`is_gradient_checkpointing` is deprecated", r"transformers\.modeling_utils"),
-]
+# and the module that issues it (never wholesale): (category, message, module). None with the locked
+# versions; transformers 5.23+ deprecates `model.is_gradient_checkpointing`, which TRL 1.16 reads before
+# every GRPO generation: (FutureWarning, "`is_gradient_checkpointing` is deprecated", r"transformers\.modeling_utils").
+KNOWN_HARMLESS_WARNINGS: list[tuple[type[Warning], str, str]] = []
 
 
 def quiet_known_warnings() -> None:
