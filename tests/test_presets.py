@@ -8,6 +8,7 @@ one line naming the known ones.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +141,27 @@ def test_the_default_differs_from_the_rl_preset_only_in_grpo_throughput():
     assert {k for k in rl["grpo"] if rl["grpo"][k] != default["grpo"][k]} <= levers
     trainer = {k for k in rl["grpo"]["trainer"] if rl["grpo"]["trainer"][k] != default["grpo"]["trainer"][k]}
     assert trainer <= {"max_steps", "steps_per_generation", "generation_batch_size"}
+
+
+GPU_PRESETS = ("qwen2.5-0.5b-gpu", "qwen2.5-1.5b-gpu", "llama3.2-1b-16gb")
+# The default's GRPO recipe, which every device runs (docs/training.md#one-recipe-on-cpu-and-gpu).
+RECIPE = ("informative_groups_only", "old_logps", "lean_logps", "lora", "use_lora")
+RECIPE_TRAINER = ("beta", "epsilon", "loss_type", "scale_rewards", "temperature", "num_generations", "num_iterations")
+
+
+@pytest.mark.parametrize("name", GPU_PRESETS)
+def test_gpu_presets_run_the_defaults_grpo_recipe_and_differ_only_where_the_docs_say_why(name):
+    default = load_params(root=REPO).to_dict()["grpo"]
+    preset = load_params(overrides=presets.overrides(name), root=REPO).to_dict()["grpo"]
+    for key in RECIPE:
+        assert preset[key] == default[key], f"{name}: grpo.{key} {preset[key]!r}, the default's {default[key]!r}"
+    for key in RECIPE_TRAINER:
+        assert preset["trainer"].get(key) == default["trainer"].get(key), f"{name}: grpo.trainer.{key}"
+    text = (REPO / "docs" / "training.md").read_text()
+    table = text[text.index("### One recipe on CPU and GPU"):text.index("## Rewards")]
+    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `grpo.")]
+    named = {name for row in rows for name in re.findall(r"`(grpo\.[\w.]+)`", row)}
+    differ = {f"grpo.{k}" for k in preset if k != "trainer" and preset[k] != default[k]}
+    differ |= {f"grpo.trainer.{k}" for k in set(preset["trainer"]) | set(default["trainer"])
+               if preset["trainer"].get(k) != default["trainer"].get(k)}
+    assert sorted(differ - named) == [], f"{name}: differences docs/training.md's table does not name"

@@ -24,29 +24,29 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # The modules whose classes extend TRL's GRPOTrainer (directly or as a mixin placed before it).
-TRAINER_CODE = ("components/grpo.py", "components/training/informative.py")
+TRAINER_CODE = ("components/grpo.py", "components/training/grpo_trainer.py", "components/training/informative.py")
 
 # TRL's GRPOTrainer methods the trainer code overrides (the override is dead code if TRL renames one).
 TRL_OVERRIDES = {
-    "_generate_and_score_completions": "components/grpo.py, components/training/informative.py",
-    "_get_per_token_logps_and_entropies": "components/grpo.py, components/training/informative.py",
+    "_generate_and_score_completions": "components/training/grpo_trainer.py, informative.py",
+    "_get_per_token_logps_and_entropies": "components/training/grpo_trainer.py, informative.py",
     "_compute_loss": "components/training/informative.py",
     "_prepare_inputs": "components/training/informative.py (a copy of TRL's buffering)",
-    "_generate_single_turn": "components/grpo.py (the batched rollouts)",
-    "_calculate_rewards": "components/grpo.py (the rewards kept for the informative groups)",
+    "_generate_single_turn": "components/training/grpo_trainer.py (the batched rollouts)",
+    "_calculate_rewards": "components/training/grpo_trainer.py (the rewards kept for the informative groups)",
 }
 # Attributes GRPOTrainer sets (in its source) that the trainer code reads or writes.
 TRL_ATTRIBUTES = {
-    "_tokenizer": "components/grpo.py (the pad token of the batched rollouts)",
-    "_metrics": "components/grpo.py, components/training/informative.py (extra training metrics)",
-    "_logs": "components/grpo.py (the sampled completions logged to MLflow)",
+    "_tokenizer": "components/training/grpo_trainer.py (the pad token of the batched rollouts)",
+    "_metrics": "components/training/grpo_trainer.py, informative.py (extra training metrics)",
+    "_logs": "components/training/grpo_trainer.py (the sampled completions logged to MLflow)",
     "_step": "components/training/informative.py (_prepare_inputs)",
     "_buffered_inputs": "components/training/informative.py (_prepare_inputs)",
-    "_entropy_bonus_enabled": "components/grpo.py (whether entropies need a gradient)",
+    "_entropy_bonus_enabled": "components/training/grpo_trainer.py (whether entropies need a gradient)",
 }
 # Private methods and attributes the trainer code defines itself: they must not shadow TRL's.
 OWN = {"_cpu_bf16", "_batched_rollouts", "_passes_context", "_informative_part", "_logps_of", "_deferred",
-       "_last_rewards", "_grpoflow_logged_step", "_trainer_class"}
+       "_last_rewards", "_grpoflow_logged_batch"}
 # Module-level private names patched or imported.
 PATCHED = {("trl.trainer.utils", "_use_triton"): "components/training/lean_passes.py (compact_lm_head)"}
 # transformers internals the batched rollouts subclass (components/training/rollouts.py BufferLayer):

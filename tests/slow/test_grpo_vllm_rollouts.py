@@ -42,7 +42,7 @@ def test_grpo_runs_with_trls_vllm_rollouts_on_a_cpu(tmp_path, monkeypatch):
     for module, overrides in (("sft", ()), ("selection", ("selection.num_samples=0", "selection.min_prompts=1"))):
         proc = stage(workdir, VLLM_PYTHON, module, *overrides)
         assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = stage(workdir, VLLM_PYTHON, "grpo", "grpo.use_vllm=true", "grpo.vllm_mode=colocate",
+    proc = stage(workdir, VLLM_PYTHON, "grpo", "grpo.trainer.use_vllm=true", "grpo.trainer.vllm_mode=colocate",
                  "grpo.informative_groups_only=true")
     assert proc.returncode == 0, "\n".join(line for line in proc.stderr.splitlines()
                                            if not line.startswith("[rank0]:  "))[-3000:]
