@@ -47,7 +47,8 @@ def item_rows(items: dict[str, list[dict]]) -> list[dict]:
 def slice_numbers(rows: list[dict]) -> dict:
     """GRPO - SFT (and GRPO - control) greedy flexible accuracy on `rows`, exact McNemar p-values.
 
-    >>> r = slice_numbers([{"grpo": True, "sft": False, "control": False}] * 6 + [{"grpo": True, "sft": True, "control": True}] * 4)
+    >>> r = slice_numbers([{"grpo": True, "sft": False, "control": False}] * 6
+    ...                   + [{"grpo": True, "sft": True, "control": True}] * 4)
     >>> r["n"], r["delta"], round(r["p_value"], 4), r["delta_vs_control"]
     (10, 0.6, 0.0312, 0.6)
     >>> rows = [{"grpo": True, "sft": False, "grpo_checked": False, "sft_checked": False}] * 6
@@ -67,7 +68,8 @@ def slice_numbers(rows: list[dict]) -> dict:
         out.update(delta_vs_control=ctl["delta"], p_vs_control=ctl["p_value"])
     if rows and all("grpo_checked" in r and "sft_checked" in r for r in rows):
         # the same on the right answers whose shown equations all hold: a gain from guesses has none here
-        checked = slice_numbers([{key: r[f"{key}_checked"] for key in ("grpo", "sft", "control") if f"{key}_checked" in r}
+        checked = slice_numbers([{key: r[f"{key}_checked"] for key in ("grpo", "sft", "control")
+                                  if f"{key}_checked" in r}
                                  for r in rows])
         out["checked"] = {k.replace("_flexible", "_checked"): v for k, v in checked.items() if k != "n"}
     return out

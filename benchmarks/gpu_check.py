@@ -84,7 +84,8 @@ CPU_CHECK = ["data.synthetic_train_size=60", "data.synthetic_answer_only_size=20
              "evaluate.dtype=float32", "evaluate.max_new_tokens=16", "evaluate.batch_size=4", "evaluate.limit=8"]
 SFT_WARMUP, GRPO_WARMUP = 2, 1  # steps run before the measured ones (CUDA start-up, allocator growth)
 BATCH = ("per_device_train_batch_size", "gradient_accumulation_steps")
-VERSIONS = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "huggingface_hub", "pyarrow")
+VERSIONS = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "tokenizers", "huggingface_hub",
+            "pyarrow")
 
 
 def widen_vocabulary(tokenizer_json: Path, size: int) -> int:
@@ -210,7 +211,8 @@ def grpo_phase(workdir: Path, overrides: list[str], steps: int) -> dict[str, Any
         "steps_measured": len(clock.steps) - GRPO_WARMUP, "step_seconds": mean["step"],
         "parts": {k: mean[k] for k in PARTS},
         "completions_per_step": tok["completions"], "prompt_tokens_per_step": tok["prompt"],
-        "completion_tokens_per_step": tok["completion"], "mean_completion_tokens": tok["completion"] / tok["completions"],
+        "completion_tokens_per_step": tok["completion"],
+        "mean_completion_tokens": tok["completion"] / tok["completions"],
         "completions_per_second": tok["completions"] / mean["step"],
         "completion_tokens_per_second": tok["completion"] / mean["step"],
         "generation_tokens_per_second": tok["completion"] / mean["generation"],

@@ -129,7 +129,8 @@ def selection_backend(stage_stdout: str) -> str:
 
 def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, continued: bool) -> dict:
     """Greedy evaluation of models/sft, models/grpo (and the continued-SFT control) on the test split,
-    paired (the scored items in items/<model>.jsonl); then k samples per item of the first `sample_items` problems for SFT and GRPO."""
+    paired (the scored items in items/<model>.jsonl); then k samples per item of the first `sample_items` problems
+    for SFT and GRPO."""
     from components.common.files import jsonl_bytes, write_files
     from components.evaluation import metrics as metrics_mod
     from components.evaluation import scoring
@@ -167,7 +168,8 @@ def evaluate(workdir: Path, overrides: list[str], k: int, sample_items: int, con
             k_params = load_params("params.yaml", [*overrides, f"evaluate.num_samples={k}"])
             for name in ("sft", "grpo"):
                 sampled[name], _ = scoring.evaluate_model(
-                    resolve_model(models[name]), subset, k_params, protocol="grpoflow", backend="transformers", data=data
+                    resolve_model(models[name]), subset, k_params, protocol="grpoflow", backend="transformers",
+                    data=data,
                 )
     finally:
         os.chdir(cwd)
@@ -287,7 +289,9 @@ def seed_list(text: str) -> list[int]:
     try:
         seeds = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--seeds {text!r}: expected comma-separated integers, e.g. 1234,2024,7") from None
+        raise argparse.ArgumentTypeError(
+            f"--seeds {text!r}: expected comma-separated integers, e.g. 1234,2024,7"
+        ) from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise argparse.ArgumentTypeError(f"--seeds {text!r}: expected distinct integers, e.g. 1234,2024,7")
     return seeds

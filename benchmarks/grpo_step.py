@@ -169,7 +169,8 @@ def build_trainer(workdir: Path, overrides: list[str], generations: int, clock: 
     os.chdir(workdir)
     params = load_params("params.yaml", [*overrides, "grpo.init_dir=models/base"])
     args, peft_config = grpo.trainer_settings(params)
-    bench_args(args, generations * optimizer_steps_per_generation(args), workdir / "checkpoints").log_completions = False
+    bench_args(args, generations * optimizer_steps_per_generation(args),
+               workdir / "checkpoints").log_completions = False
     model, tokenizer, _base, _inputs, (args, peft_config) = grpo.start_model(params, (args, peft_config))
     rows = read_split(Path(params.data.output_dir) / "grpo.jsonl")
     dataset = grpo.prompt_dataset(rows, tokenizer)
@@ -182,7 +183,9 @@ def build_trainer(workdir: Path, overrides: list[str], generations: int, clock: 
     return trainer, params
 
 
-def measure(workdir: Path, overrides: list[str], warmup: int, steps: int, rates: dict[str, float], read_rate: float) -> dict[str, Any]:
+def measure(
+    workdir: Path, overrides: list[str], warmup: int, steps: int, rates: dict[str, float], read_rate: float
+) -> dict[str, Any]:
     import torch
 
     from components.training import precision
@@ -255,12 +258,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="",
                         help="a preset of presets/ (default: none, the embedded defaults)")
     parser.add_argument("--steps", type=int, default=3,
-                        help="measured generation batches per path, each trainer.steps_per_generation steps (default 3)")
-    parser.add_argument("--warmup", type=int, default=1, help="generation batches run first and not measured (default 1)")
+                        help="measured generation batches per path, each trainer.steps_per_generation steps "
+                             "(default 3)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="generation batches run first and not measured (default 1)")
     parser.add_argument("--compare", action="store_true", help="today's path and the new one in one run (PATHS)")
-    parser.add_argument("--path", choices=sorted(PATHS), default="after", help="the path without --compare (default after)")
+    parser.add_argument("--path", choices=sorted(PATHS), default="after",
+                        help="the path without --compare (default after)")
     parser.add_argument("--after-first", action="store_true",
-                        help="with --compare, run the new path first (the machine's other load then falls on the other)")
+                        help="with --compare, run the new path first "
+                             "(the machine's other load then falls on the other)")
     parser.add_argument("-S", "--set", action="append", default=[], metavar="KEY=VALUE", help="a params override")
     parser.add_argument("--keep", default=None, help="build the workspace in this folder (new or empty) and keep it")
     args = parser.parse_args(argv)

@@ -162,7 +162,8 @@ def step_flops(model: Any, tokens: dict[str, float], lora: bool, reference_passe
 
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     cfg = model.config
-    layers, width = cfg.num_hidden_layers, cfg.num_attention_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads)
+    layers, width = (cfg.num_hidden_layers,
+                     cfg.num_attention_heads * getattr(cfg, "head_dim", cfg.hidden_size // cfg.num_attention_heads))
     seqs = max(tokens.get("sequences", 1), 1)
     per_seq = (tokens["prompt"] + tokens["completion"]) / seqs
     attention = 4 * layers * width * per_seq / 2  # per token, at the mean causal context
@@ -211,5 +212,6 @@ def throughput(clock: StepClock, warmup: int, log_history: list[dict[str, Any]])
         "completion_tokens_per_second": round(tokens / seconds, 2) if seconds else 0.0,
         "cpu_completions_per_second": round(completions / cpu, 4) if cpu else 0.0,
         "informative_groups": round(share, 4) if share is not None else None,
-        "informative_completions_per_second": round(share * completions / seconds, 4) if seconds and share is not None else None,
+        "informative_completions_per_second": (round(share * completions / seconds, 4)
+                                               if seconds and share is not None else None),
     }

@@ -15,7 +15,8 @@ GRPO's reward needs only the final answer, so its problems can be answer-only (`
 `data.synthetic_answer_only_size` draws new synthetic problems from a harder band of steps
 (`data.synthetic_answer_only_min_steps`..`max_steps`; `data.synthetic_test_max_steps` makes the
 test split span both bands). SFT never sees them. With neither, `grpo.jsonl` holds the
-demonstrations' questions (answers only), as GRPO trained before. Outputs appear atomically: a failed run leaves the previous folder untouched.
+demonstrations' questions (answers only), as GRPO trained before. Outputs appear atomically: a failed run
+leaves the previous folder untouched.
 
     python -m components.data
     python -m components.data -S data.train_source=jsonl:gsm8k/train.jsonl \\
@@ -75,7 +76,8 @@ def collect(rows: Iterable[Record]) -> SplitResult:
 def load_split(source: str, split: str, cfg: DataParams, exclude: set[str] = frozenset()) -> SplitResult:
     if source == "synthetic":
         n = cfg.synthetic_train_size if split == "train" else cfg.synthetic_test_size
-        steps = cfg.synthetic_test_max_steps if split == "test" and cfg.synthetic_test_max_steps else cfg.synthetic_max_steps
+        steps = (cfg.synthetic_test_max_steps if split == "test" and cfg.synthetic_test_max_steps
+                 else cfg.synthetic_max_steps)
         return collect(iter_synthetic(n, cfg.seed, split, exclude, steps, cfg.synthetic_max_number))
     if source.startswith(("jsonl:", "hf:")):
         return collect(records(source, split))
@@ -146,7 +148,8 @@ def split_answer_only(train: list[dict[str, str]], cfg: DataParams, exclude: set
     if not demos:
         raise DataError(
             f"no demonstrations left for SFT (data.demo_max_steps={cfg.demo_max_steps}, data.answer_only_min_steps="
-            f"{cfg.answer_only_min_steps}, data.answer_only_share={cfg.answer_only_share}); widen the demonstrations' band"
+            f"{cfg.answer_only_min_steps}, data.answer_only_share={cfg.answer_only_share}); "
+            "widen the demonstrations' band"
         )
     return demos, problems, left
 
@@ -238,7 +241,8 @@ def run(params: Params) -> dict[str, Any]:
     c, d = stats["counts"], stats["dropped"]
     print(
         f"data: wrote {c['train']} train (demonstrations), {stats['grpo']['count']} GRPO "
-        f"({'answer-only' if stats['grpo']['answer_only'] else 'the demonstrations questions'}) and {c['test']} test rows "
+        f"({'answer-only' if stats['grpo']['answer_only'] else 'the demonstrations questions'}) "
+        f"and {c['test']} test rows "
         f"to {params.data.output_dir} "
         f"(dropped {d['train']['count']} train, {d['test']['count']} test)"
     )

@@ -79,7 +79,8 @@ def count(rates: list[float | None], kept: list[bool], k: int) -> dict[str, Any]
         "kept": sum(kept),
         "never_solved": sum(r == 0.0 for r in scored),
         "always_solved": sum(r == 1.0 for r in scored),
-        "dropped_in_between": sum(1 for r, keep in zip(rates, kept, strict=True) if r not in (None, 0.0, 1.0) and not keep),
+        "dropped_in_between": sum(1 for r, keep in zip(rates, kept, strict=True)
+                                  if r not in (None, 0.0, 1.0) and not keep),
         "mean_pass_rate": sum(scored) / len(scored) if scored else None,
         "kept_mean_pass_rate": (sum(r for r, keep in zip(rates, kept, strict=True) if keep and r is not None)
                                 / max(1, sum(kept))) if scored else None,
@@ -93,7 +94,7 @@ def histogram(rates: list[float | None], k: int, cfg: SelectionParams) -> list[d
     >>> from components.common.params import SelectionParams
     >>> histogram([0.0, 0.5, 0.5], 2, SelectionParams())
     [{'pass_rate': 0.0, 'prompts': 1, 'kept': False}, {'pass_rate': 0.5, 'prompts': 2, 'kept': True}, {'pass_rate': 1.0, 'prompts': 0, 'kept': False}]
-    """
+    """  # noqa: E501
     if not k:
         return []
     counts = Counter(round(r * k) for r in rates if r is not None)
@@ -195,7 +196,9 @@ def run(params: Params) -> dict[str, Any]:
     with stage_run(STAGE, params, logs=[engine_log(params)]):
         out = choose_prompts(params)
         m = out["metrics"]
-        mlflow.log_metrics({k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        mlflow.log_metrics(
+            {k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        )
         mlflow.log_artifact(params.selection.histogram_file, artifact_path=STAGE)
         if out["histogram"]:
             fig = histogram_figure(out["histogram"], params.selection.num_samples)

@@ -3,8 +3,8 @@
 Reads the base model (`model.base_dir`, written by the `model` stage) and
 `<data.output_dir>/train.jsonl`; writes `sft.output_dir` (default `models/sft`), a standard
 model folder, `sft.metrics_file` (default `reports/train/sft.json`) and the per-step loss history
-`sft.history_file` (`reports/train/sft_history.csv`, plotted by `dvc plots show`). Each demonstration is the rendered prompt
-(components.problems.gsm8k.render_prompt) followed by `<reasoning>solution</reasoning><answer>gold</answer>`
+`sft.history_file` (`reports/train/sft_history.csv`, plotted by `dvc plots show`). Each demonstration is the rendered
+prompt (components.problems.gsm8k.render_prompt) followed by `<reasoning>solution</reasoning><answer>gold</answer>`
 and eos. Like SFT data pooled from real sources, a share of the demonstrations is noisy on
 purpose (`sft.demo_untagged_rate`, `sft.demo_wrong_rate`; docs/training.md, "Noisy demonstrations,
 on request"): that is what GRPO's rule-based rewards then repair.
@@ -159,7 +159,8 @@ def run(params: Params) -> Path:
     if cfg.use_lora and modelio.is_adapter_dir(params.model.base_dir):  # its base would name an adapter
         raise InputError(
             f"model.base_dir {params.model.base_dir} is a LoRA adapter: a new adapter trained over it could not "
-            f"be loaded again; merge it into a full model first (grpoflow export {params.model.base_dir} FOLDER --merged) and point "
+            f"be loaded again; merge it into a full model first (grpoflow export {params.model.base_dir} FOLDER "
+            "--merged) and point "
             f"model.base_dir there"
         )
 

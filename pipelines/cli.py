@@ -1,6 +1,7 @@
 """The `grpoflow` command line.
 
-    grpoflow run [--preset NAME] [-S k=v ...]   run the training flow (data → model → sft → grpo → evaluate → register → promote)
+    grpoflow run [--preset NAME] [-S k=v ...]   run the training flow (data → model → sft → grpo → evaluate →
+                                                register → promote)
     grpoflow evaluate --model PATH_OR_URI       evaluate a model folder, a registered model or an endpoint URL
     grpoflow grade --input F --output F         grade completions from any system against gold answers
     grpoflow promote NAME VERSION --reason T    force the champion alias onto a version
@@ -41,12 +42,12 @@ SERVE_DESCRIPTION = (
     "key (--api-key or VLLM_API_KEY)."
 )
 SCHEDULE_DESCRIPTION = (
-    "Serve the training flow from this process on a cron schedule (Prefect's flow.serve; no work pool or worker): "
-    "each time the schedule fires, a subprocess of this one runs the pipeline on this checkout, as `grpoflow run` "
-    "with the -S overrides given here would. The schedule lives on the Prefect server at PREFECT_API_URL; without it, on a temporary server that "
-    "exists only while this process runs (start `prefect server start` and set PREFECT_API_URL to keep schedules "
-    "and run history, and for faster runs). Runs until stopped: Ctrl-C or SIGTERM stops it and cancels a run in "
-    "progress."
+    "Serve the training flow from this process on a cron schedule (Prefect's flow.serve; no work pool or worker): each "
+    "time the schedule fires, a subprocess of this one runs the pipeline on this checkout, as `grpoflow run` with the "
+    "-S overrides given here would. The schedule lives on the Prefect server at PREFECT_API_URL; without it, on a "
+    "temporary server that exists only while this process runs (start `prefect server start` and set PREFECT_API_URL "
+    "to keep schedules and run history, and for faster runs). Runs until stopped: Ctrl-C or SIGTERM stops it and "
+    "cancels a run in progress."
 )
 REPRODUCE_DESCRIPTION = (
     "Check out the version's git commit into a clean working copy, restore the params.yaml and dvc.lock its "
@@ -121,12 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_params(p)
     p.set_defaults(handler="pipelines.registry.promotion:cli_rollback")
 
-    p = sub.add_parser("stage", help="run one dvc.yaml stage in a clean working copy of a commit (what a stage pod runs)")
+    p = sub.add_parser(
+        "stage", help="run one dvc.yaml stage in a clean working copy of a commit (what a stage pod runs)"
+    )
     p.add_argument("name", help="dvc.yaml stage name")
     p.add_argument("--commit", required=True, help="git commit of the code to run")
     p.add_argument("--params-file", required=True, metavar="FILE", help="the pipeline's params.yaml")
     p.add_argument("--lock-file", default=None, metavar="FILE", help="the pipeline's dvc.lock (inputs to pull)")
-    p.add_argument("--remote", required=True, metavar="URL", help="the shared DVC remote (s3://..., gs://..., a folder)")
+    p.add_argument(
+        "--remote", required=True, metavar="URL", help="the shared DVC remote (s3://..., gs://..., a folder)"
+    )
     p.add_argument("--parent-run-id", required=True, help="the pipeline's MLflow parent run")
     p.add_argument("--tracking-uri", default=None, help="MLflow server (default: MLFLOW_TRACKING_URI)")
     p.add_argument("--workdir", default=None, metavar="DIR",
@@ -172,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_params(p)
     p.set_defaults(handler="pipelines.registry.reproduce:cli_reproduce")
 
-    export_help = "write a self-contained copy of a model folder or registered version (LoRA: --merged, or with its base)"
+    export_help = (
+        "write a self-contained copy of a model folder or registered version (LoRA: --merged, or with its base)"
+    )
     p = sub.add_parser("export", help=export_help, description=EXPORT_DESCRIPTION)
     p.add_argument("model", help="model or adapter folder (models/grpo) or models:/NAME@ALIAS | models:/NAME/VERSION")
     p.add_argument("dir", help="the folder to write (must not exist, be empty, or hold an earlier export)")

@@ -110,9 +110,11 @@ def stage_error(tail: str) -> str | None:
     printed neither (DVC failed before or around the command). Whatever the stage or its engine
     printed after it (vLLM's shutdown, DVC's `ERROR: failed to reproduce ...`) does not hide it.
 
-    >>> stage_error("loading\\nerror: data/x.jsonl line 3: no 'question' field\\nshutting down\\nERROR: failed to reproduce 'data'")
+    >>> stage_error("loading\\nerror: data/x.jsonl line 3: no 'question' field\\nshutting down\\n"
+    ...             "ERROR: failed to reproduce 'data'")
     "data/x.jsonl line 3: no 'question' field"
-    >>> stage_error("Traceback (most recent call last):\\n  File 'x.py', line 1\\n    f()\\nKeyError: 'gold'\\nERROR: failed to reproduce 'sft'")
+    >>> stage_error("Traceback (most recent call last):\\n  File 'x.py', line 1\\n    f()\\nKeyError: 'gold'\\n"
+    ...             "ERROR: failed to reproduce 'sft'")
     "KeyError: 'gold'"
     >>> stage_error("ERROR: failed to reproduce 'sft': dependency 'models/base' does not exist") is None
     True
@@ -131,7 +133,8 @@ def failure_message(stage: str, rc: int, tail: str, where: str = "") -> str:
     """A failed stage's error: its own error line first (stage_error; DVC's last line when the stage
     printed none), then the exit code and the last lines of the output for context.
 
-    >>> print(failure_message("selection", 1, "INFO x\\nerror: kept 3 of 40 prompts\\nINFO shutdown\\nERROR: failed to reproduce 'selection'"))
+    >>> print(failure_message("selection", 1, "INFO x\\nerror: kept 3 of 40 prompts\\nINFO shutdown\\n"
+    ...                                       "ERROR: failed to reproduce 'selection'"))
     stage 'selection' failed: kept 3 of 40 prompts
     (dvc exit 1; the last lines of its output:)
     INFO x

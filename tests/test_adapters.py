@@ -154,8 +154,10 @@ def test_export_writes_a_merged_model_or_the_adapter_with_its_base(lora_run: Pat
 
     tok = load_tokenizer(tmp_path / "adapter")
     prompts = ["1 + 2 = ?", "What is 3 + 4?"]
-    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "adapter/base"), tmp_path / "adapter")
-    assert greedy(peft_model.eval(), tok, prompts, 16) == greedy(load_model(tmp_path / "merged").eval(), tok, prompts, 16)
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "adapter/base"),
+                                           tmp_path / "adapter")
+    assert (greedy(peft_model.eval(), tok, prompts, 16)
+            == greedy(load_model(tmp_path / "merged").eval(), tok, prompts, 16))
     again = subprocess.run([sys.executable, "-m", "pipelines.cli", "export", "models/grpo", str(lora_run / "data")],
                            cwd=lora_run, env=_env(lora_run), capture_output=True, text=True, timeout=300)
     assert again.returncode != 0 and "grpoflow did not write" in again.stderr  # never replaces foreign files

@@ -60,7 +60,8 @@ def test_a_right_answer_from_wrong_work_counts_as_correct_but_not_checked():
     guess = completion("Jack has 2 - 1 = 1 stickers.\nJack has 4 - 1 = 1 stickers.", "1")
     worked = completion("Jack has 4 - 1 = 3 stickers.\nJack has 3 - 2 = 1 stickers.", "1")
     rows = {
-        "sft": [scoring.score_item({"id": str(i), "gold": "1"}, completion("4 - 1 = 3", "3"), 9, "grpoflow") for i in range(40)],
+        "sft": [scoring.score_item({"id": str(i), "gold": "1"}, completion("4 - 1 = 3", "3"), 9, "grpoflow")
+                for i in range(40)],
         "grpo": [scoring.score_item({"id": str(i), "gold": "1"}, guess if i < 20 else worked if i < 22 else
                                     completion("4 - 1 = 3", "3"), 9, "grpoflow") for i in range(40)],
     }
@@ -69,13 +70,16 @@ def test_a_right_answer_from_wrong_work_counts_as_correct_but_not_checked():
     res = metrics.compare(rows["grpo"], rows["sft"], "accuracy_flexible")
     assert res["by_metric"]["accuracy_checked"]["delta"] == 2 / 40
     line = reports.headline("grpo", "sft", res["by_metric"])
-    assert line.startswith("accuracy_checked (right, no equation shown wrong) sft 0.0% -> grpo 5.0%, +5.0 points (95% CI ")
-    assert line.endswith("correctness rose, but not with work that holds: most new right answers come with wrong equations")
+    assert line.startswith("accuracy_checked (right, no equation shown wrong) sft 0.0% -> grpo 5.0%, "
+                           "+5.0 points (95% CI ")
+    assert line.endswith("correctness rose, but not with work that holds: "
+                         "most new right answers come with wrong equations")
     # items files written before the column: no checked metric, the verdict as before
     old = [{k: v for k, v in r.items() if k != "correct_checked"} for r in rows["grpo"]]
     assert "accuracy_checked" not in metrics.item_metrics(old)
-    assert reports.headline("grpo", "sft", metrics.compare(old, rows["sft"], "accuracy_flexible")["by_metric"]).endswith(
-        ": correctness rose")
+    assert reports.headline(
+        "grpo", "sft", metrics.compare(old, rows["sft"], "accuracy_flexible")["by_metric"]
+    ).endswith(": correctness rose")
 
 
 def test_the_verdict_follows_a_significant_checked_change_that_correctness_does_not_share():

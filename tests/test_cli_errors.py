@@ -33,8 +33,9 @@ def one_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("command", [["run"], ["evaluate", "--model", "models/grpo"], ["promote", "grpoflow-policy", "1",
-                                     "--reason", "x"], ["rollback", "grpoflow-policy"]])
+@pytest.mark.parametrize("command", [["run"], ["evaluate", "--model", "models/grpo"],
+                                     ["promote", "grpoflow-policy", "1", "--reason", "x"],
+                                     ["rollback", "grpoflow-policy"]])
 def test_unreachable_tracking_server_is_one_line_naming_it(checkout, command):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     before = (checkout / "params.yaml").read_bytes()
@@ -181,7 +182,8 @@ def test_stage_with_a_params_or_lock_file_that_does_not_exist_is_one_line_naming
 
 def test_stage_with_a_workdir_under_a_file_is_one_line_and_leaves_the_file(checkout, tmp_path):
     (tmp_path / "afile").write_text("the user's\n")
-    proc = grpoflow(checkout, *stage_args(params_file=str(checkout / "params.yaml"), workdir=str(tmp_path / "afile/sub")))
+    proc = grpoflow(checkout, *stage_args(params_file=str(checkout / "params.yaml"),
+                                          workdir=str(tmp_path / "afile/sub")))
     assert proc.returncode == 2
     assert f"{tmp_path / 'afile/sub'}: cannot make this folder" in one_line(proc)
     assert (tmp_path / "afile").read_text() == "the user's\n"

@@ -55,9 +55,11 @@ def test_fingerprint_leaves_out_the_keys_marked_so():
     from components import grpo, sft
 
     base = load_params(None)
-    assert sft.fingerprint_settings(load_params(None, ["sft.sample_size=3", "sft.resume=false"])) == sft.fingerprint_settings(base)
+    assert (sft.fingerprint_settings(load_params(None, ["sft.sample_size=3", "sft.resume=false"]))
+            == sft.fingerprint_settings(base))
     assert grpo.fingerprint_settings(load_params(None, ["grpo.signal_window=7"])) == grpo.fingerprint_settings(base)
-    assert sft.fingerprint_settings(load_params(None, ["sft.trainer.learning_rate=0.1"])) != sft.fingerprint_settings(base)
+    assert (sft.fingerprint_settings(load_params(None, ["sft.trainer.learning_rate=0.1"]))
+            != sft.fingerprint_settings(base))
     assert grpo.fingerprint_settings(load_params(None, ["grpo.trainer.beta=0.0"])) != grpo.fingerprint_settings(base)
 
 
@@ -73,7 +75,8 @@ def test_every_params_key_has_its_help_in_the_comment_block_above_it():
 
 
 def test_the_help_check_fails_on_a_key_without_help():
-    text = (REPO / "params.yaml").read_text().replace("  # Seed of the synthetic generator", "  seedless: 0\n  # Seed of", 1)
+    text = (REPO / "params.yaml").read_text().replace("  # Seed of the synthetic generator",
+                                                      "  seedless: 0\n  # Seed of", 1)
     assert read_help(text)["data.seedless"] == ""
 
 

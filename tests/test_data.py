@@ -100,8 +100,10 @@ def test_synthetic_is_seeded_disjoint_and_in_gsm8k_format(tmp_path):
         ("{not json", "invalid JSON"),
         (json.dumps({"answer": "1\n#### 1"}), "field 'question' is missing"),
         (json.dumps({"question": "Q", "answer": "   "}), "field 'answer' is empty"),
-        (json.dumps({"question": "Q", "answer": "no final answer"}), "field 'answer' has no '#### <number>' final answer"),
-        (json.dumps({"question": "Q", "answer": "x\n#### seven"}), "field 'answer': final answer 'seven' is not a number"),
+        (json.dumps({"question": "Q", "answer": "no final answer"}),
+         "field 'answer' has no '#### <number>' final answer"),
+        (json.dumps({"question": "Q", "answer": "x\n#### seven"}),
+         "field 'answer': final answer 'seven' is not a number"),
         (json.dumps({"question": 5, "answer": "x\n#### 7"}), "field 'question' must be a string"),
         (json.dumps(["q", "a"]), "expected a JSON object"),
     ],
@@ -172,7 +174,8 @@ def test_an_hf_source_reads_a_saved_dataset_and_a_folder_of_files(tmp_path):
 
 def test_hf_hub_unreachable_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match=r"hf:openai/gsm8k:main: could not load split 'test'"):
-        write_splits(DataParams(train_source="synthetic", test_source="hf:openai/gsm8k:main", output_dir=str(tmp_path / "o")))
+        write_splits(DataParams(train_source="synthetic", test_source="hf:openai/gsm8k:main",
+                                output_dir=str(tmp_path / "o")))
 
 
 def test_cli_reports_file_line_and_exit_code(tmp_path):
@@ -182,7 +185,8 @@ def test_cli_reports_file_line_and_exit_code(tmp_path):
     (out / "keep.txt").write_text("previous")
     proc = subprocess.run(
         [sys.executable, "-m", "components.data", "-S", f"data.train_source=jsonl:{bad_file}",
-         "-S", f"data.test_source=jsonl:{write_jsonl(tmp_path / 't.jsonl', TEST_ROWS)}", "-S", f"data.output_dir={out}"],
+         "-S", f"data.test_source=jsonl:{write_jsonl(tmp_path / 't.jsonl', TEST_ROWS)}",
+         "-S", f"data.output_dir={out}"],
         cwd=tmp_path, capture_output=True, text=True,  # the checkout: stage paths must lie inside it
     )
     assert proc.returncode == 2

@@ -31,7 +31,8 @@ def third_party_imports(files: list[Path]) -> dict[str, set[str]]:
             for name in names:
                 top = name.split(".")[0]
                 if top not in sys.stdlib_module_names and top not in PACKAGES:
-                    found.setdefault(top, set()).add(str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name)
+                    found.setdefault(top, set()).add(
+                        str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name)
     return found
 
 
@@ -54,7 +55,8 @@ def undeclared(imports: dict[str, set[str]], declared: set[str], extras: dict[st
             continue
         names = {normalize(d) for d in dists.get(module, [module])}
         if not names & declared:
-            problems.append(f"{module} (distribution {' or '.join(sorted(names))}) imported by {', '.join(sorted(files))}")
+            problems.append(f"{module} (distribution {' or '.join(sorted(names))}) "
+                            f"imported by {', '.join(sorted(files))}")
     return problems
 
 

@@ -78,9 +78,11 @@ class NoopParams:
 
 
 SECTIONS: dict[str, type] = {''')
-    edit(params, '    "placement": PlacementParams,\n}', '    "placement": PlacementParams,\n    "noop": NoopParams,\n}')
+    edit(params, '    "placement": PlacementParams,\n}',
+         '    "placement": PlacementParams,\n    "noop": NoopParams,\n}')
     edit(params, "    placement: PlacementParams\n", "    placement: PlacementParams\n    noop: NoopParams\n")
-    edit(params, '    evaluate: str = _placement()\n', '    evaluate: str = _placement()\n    noop: str = _placement()\n')
+    edit(params, '    evaluate: str = _placement()\n',
+         '    evaluate: str = _placement()\n    noop: str = _placement()\n')
     p = root / "params.yaml"
     edit(p, "  # Where the evaluate stage runs.\n  evaluate: local\n",
          "  # Where the evaluate stage runs.\n  evaluate: local\n  # Where the noop stage runs.\n  noop: local\n")
@@ -121,7 +123,8 @@ def stage_copy(clone: Path, dest: Path, leave_out: str = "", add_stage: bool = T
     return dest
 
 
-CHECKS = ["tests/test_layout.py", "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it",
+CHECKS = ["tests/test_layout.py",
+          "tests/test_config.py::test_every_params_key_has_its_help_in_the_comment_block_above_it",
           "tests/test_config.py::test_config_command_explains_every_key_as_yaml",
           "tests/test_config.py::test_repo_params_load_and_match_dataclass_defaults",
           "tests/test_infra.py::test_prefect_yaml_pools_images_and_gpu_requests_agree",
@@ -207,7 +210,8 @@ def test_the_guides_name_files_and_tests_that_exist():
         if "NAME" not in path:
             assert (REPO / path).exists(), path
     names = set(re.findall(r"`(test_\w+)`", text))
-    defined = {m for f in (REPO / "tests").rglob("test_*.py") for m in re.findall(r"^def (test_\w+)", f.read_text(), re.M)}
+    defined = {m for f in (REPO / "tests").rglob("test_*.py")
+               for m in re.findall(r"^def (test_\w+)", f.read_text(), re.M)}
     assert names and names <= defined, sorted(names - defined)
     for section in ("## Adding a stage", "## Adding a param", "## Adding a reward", "## Adding a preset"):
         assert section in GUIDE

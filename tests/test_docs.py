@@ -248,7 +248,8 @@ def test_the_rerun_claim_of_grpo_keys_follows_dvc_yaml():
     claim = text[text.index("Changing a `grpo.*` param"):]
     claim = claim[:claim.index("A run with nothing changed")]
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    grpo_keys = {s: {p for p in e.get("params", []) if isinstance(p, str) and p.startswith("grpo.")} for s, e in stages.items()}
+    grpo_keys = {s: {p for p in e.get("params", []) if isinstance(p, str) and p.startswith("grpo.")}
+                 for s, e in stages.items()}
     assert set(re.findall(r"`(grpo\.[\w.]+)`", claim)) == grpo_keys["selection"] | grpo_keys["evaluate"]
     assert grpo_keys["evaluate"] == {"grpo.trainer.temperature"}
     assert "`evaluate` also reads `grpo.trainer.temperature`" in claim

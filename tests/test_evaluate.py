@@ -177,7 +177,9 @@ def test_lm_eval_prompt_is_the_harness_text_and_sampler():
         (" 3 - 10 = -7\n#### -7", "-7", True, True),
     ],
 )
-def test_lm_eval_scoring_compares_strings_strict_and_flexible_as_the_harness_does(completion, gold, strict_ok, flexible_ok):
+def test_lm_eval_scoring_compares_strings_strict_and_flexible_as_the_harness_does(
+    completion, gold, strict_ok, flexible_ok
+):
     row = scoring.score_item({"id": "x", "gold": gold}, completion, 5, "lm-eval-gsm8k")
     assert row["correct"] is strict_ok
     assert row["correct_flexible"] is flexible_ok
@@ -458,7 +460,8 @@ def test_backend_auto_falls_back_to_transformers_saying_why(workspace, tmp_path,
     assert generate(workspace / "models/sft", ["Question: 1+1?"], broken).backend == "transformers"
     assert "backend auto: transformers, because vLLM failed" in caplog.text
     # The error says why first (the worker's exception line), not the last lines of its output.
-    with pytest.raises(BackendError, match=r"vLLM worker .* failed with exit code 1: ModuleNotFoundError: No module named 'vllm'"):
+    with pytest.raises(BackendError,
+                       match=r"vLLM worker .* failed with exit code 1: ModuleNotFoundError: No module named 'vllm'"):
         generate(workspace / "models/sft", ["Question: 1+1?"], broken, backend="vllm")
     log = tmp_path / "logs/sft.vllm.log"
     with pytest.raises(BackendError, match=f"No module named 'vllm'; its log: {log}"):
@@ -544,7 +547,8 @@ def test_a_small_cpu_machine_gives_vllm_every_core_unless_the_user_binds_it():
     assert w.server_ranks(["--model", "m", "--tensor-parallel-size=2", "-dp", "2"]) == 4
     assert w.server_ranks(["--model", "m", "--port", "8000"]) == 1
     assert w.server_ranks(["--tensor_parallel_size", "2"]) == 2 and w.server_ranks(["-pcp", "2", "-tp", "2"]) == 4
-    assert w.server_ranks(["--config", "serve.yaml"]) == w.server_ranks(["-tp", "two"]) == w._ranks({"tensor_parallel_size": "x"}) == 0
+    assert (w.server_ranks(["--config", "serve.yaml"]) == w.server_ranks(["-tp", "two"])
+            == w._ranks({"tensor_parallel_size": "x"}) == 0)
     assert w.binding_settings({}, 2, ranks=0) == {}  # unknown ranks: vLLM's own binding
 
 
@@ -576,12 +580,14 @@ def test_the_console_shows_vllm_warnings_that_ask_something_and_not_the_known_ha
              "accelerated GDN mamba backend 'none'.")
     assert not on_console(reset)
     # grpoflow's own thread binding on a small machine (vllm_worker.py bind_threads), as vLLM 0.32 reports it
-    assert not on_console("(Worker pid=7609) WARNING 12-07 05:20:03 [torch_utils.py:283] OMP_NUM_THREADS=2 is set; leaving "
-                          "Torch threads at 2 for serving. Multi-threaded torch CPU ops during serving can degrade performance")
+    assert not on_console("(Worker pid=7609) WARNING 12-07 05:20:03 [torch_utils.py:283] OMP_NUM_THREADS=2 is set; "
+                          "leaving Torch threads at 2 for serving. Multi-threaded torch CPU ops during serving can "
+                          "degrade performance")
     assert not on_console("(EngineCore pid=8227) WARNING 12-07 05:31:38 [ompmultiprocessing.py:63] "
                           "VLLM_CPU_NUM_OF_RESERVED_CPU is less than the minimum requirement: 1 cores")
     assert not on_console("(EngineCore pid=5761) INFO 12-02 16:54:41 [core.py:133] Initializing a V1 LLM engine")
-    assert on_console("(EngineCore pid=5761) WARNING 12-02 16:55:02 [scheduler.py:9] the prompt is longer than max_model_len")
+    assert on_console("(EngineCore pid=5761) WARNING 12-02 16:55:02 [scheduler.py:9] the prompt is longer than "
+                      "max_model_len")
     assert on_console("(EngineCore pid=5761) ERROR 12-02 16:55:02 [core.py:9] Reset SSM cache type failed")
     assert on_console("Processed prompts: 100%|##########| 2/2 [00:00<00:00, 19.53it/s]")
 
@@ -606,7 +612,8 @@ def test_target_band_slices_reports_comparison_plot_data_and_mlflow(workspace):
     assert comparison["target"]["n"] == len(target) and comparison["target_band"] == "2+"
     assert set(comparison["by_steps"]) == set(m["by_steps"])
     headline = json.loads((out / "metrics/grpo.json").read_text())
-    assert headline["target_accuracy_flexible"] == m["target"]["accuracy_flexible"] and headline["target_n"] == len(target)
+    assert (headline["target_accuracy_flexible"] == m["target"]["accuracy_flexible"]
+            and headline["target_n"] == len(target))
     csv_rows = (out / "accuracy_by_steps.csv").read_text().splitlines()
     assert csv_rows[0] == "steps,sft,grpo" and len(csv_rows) == 1 + len(m["by_steps"])
     run = mlflow.search_runs(search_all_experiments=True, order_by=["start_time DESC"], output_format="list")[0]
@@ -621,12 +628,14 @@ def test_target_band_slices_reports_comparison_plot_data_and_mlflow(workspace):
 
 def test_cli_on_a_gsm8k_file_prints_accuracy_per_step_count(workspace, tmp_path, capsys):
     rows = [{"question": f"Ann has {n} pens and buys 1 pen {n} times. How many now?",
-             "answer": "\n".join(f"{n + k}+1 = <<{n + k}+1={n + k + 1}>>{n + k + 1}" for k in range(n)) + f"\n#### {2 * n}"}
+             "answer": "\n".join(f"{n + k}+1 = <<{n + k}+1={n + k + 1}>>{n + k + 1}" for k in range(n))
+                       + f"\n#### {2 * n}"}
             for n in (1, 2, 2, 3)]
     data = tmp_path / "gsm8k" / "test.jsonl"
     data.parent.mkdir()
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = ["evaluate", "--model", str(workspace / "models/sft"), "--data", f"jsonl:{data}", "--output", str(tmp_path / "o")]
+    args = ["evaluate", "--model", str(workspace / "models/sft"), "--data", f"jsonl:{data}",
+            "--output", str(tmp_path / "o")]
     assert cli.main([*args, *sum((["-S", o] for o in overrides(workspace, "evaluate.target_band=3")), [])]) == 0
     captured = capsys.readouterr()
     table = captured.err[captured.err.index("accuracy per number of reasoning steps (target band: 3 steps)"):]

@@ -47,8 +47,10 @@ RULES = [
     ("", "jsonl:{t}/gsm8k/dev.jsonl", "jsonl:{t}/gsm8k/train.jsonl", "the train.jsonl beside the test file"),
     ("", "jsonl:{t}/lone/test.jsonl", None, "no such file"),
     ("", "jsonl:{t}/gsm8k/train.jsonl", None, "it is the test file itself"),
-    ("jsonl:{t}/gsm8k/dev.jsonl", "jsonl:{t}/gsm8k/test.jsonl", "jsonl:{t}/gsm8k/dev.jsonl", "set by evaluate.fewshot_source"),
-    ("jsonl:{t}/gsm8k/train.jsonl", "jsonl:{t}/lone/test.jsonl", "jsonl:{t}/gsm8k/train.jsonl", "set by evaluate.fewshot_source"),
+    ("jsonl:{t}/gsm8k/dev.jsonl", "jsonl:{t}/gsm8k/test.jsonl", "jsonl:{t}/gsm8k/dev.jsonl",
+     "set by evaluate.fewshot_source"),
+    ("jsonl:{t}/gsm8k/train.jsonl", "jsonl:{t}/lone/test.jsonl", "jsonl:{t}/gsm8k/train.jsonl",
+     "set by evaluate.fewshot_source"),
     ("hf:openai/gsm8k:main", "hf:other/data", "hf:openai/gsm8k:main", "set by evaluate.fewshot_source"),
     ("hf:openai/gsm8k:main", "jsonl:{t}/prep/test.jsonl", "hf:openai/gsm8k:main", "set by evaluate.fewshot_source"),
 ]
@@ -149,7 +151,8 @@ def test_evaluate_refuses_data_without_a_train_split_before_any_run(tiny_model, 
     assert len(err) == 1 and "evaluate.fewshot_source" in err[0] and data in err[0]
     assert mlflow.search_runs(search_all_experiments=True).empty and not (tiny_model / "refused").exists()
     # The same data with the source named: evaluated, the source recorded.
-    args = evaluate_args(tiny_model, data, tiny_model / "named") + ["-S", f"evaluate.fewshot_source=jsonl:{layout}/gsm8k/dev.jsonl"]
+    args = (evaluate_args(tiny_model, data, tiny_model / "named")
+            + ["-S", f"evaluate.fewshot_source=jsonl:{layout}/gsm8k/dev.jsonl"])
     assert cli.main(args) == 0
     report = json.loads((tiny_model / "named" / "model.json").read_text())
     assert report["fewshot_source"] == f"jsonl:{layout}/gsm8k/dev.jsonl"

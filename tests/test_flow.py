@@ -159,7 +159,8 @@ def test_the_flow_runs_skips_reruns_what_changed_and_stops_on_a_failing_stage(to
     assert tags["grpoflow.git_commit"] == head and tags["grpoflow.git_dirty"] == "false"  # as committed
     assert tags["grpoflow.dvc_lock_md5"] == lock_md5
     assert tags["grpoflow.prefect.flow_run_id"]
-    assert all(f"grpoflow.version.{p}" in tags for p in ("torch", "transformers", "trl", "peft", "vllm", "prefect", "mlflow", "dvc"))
+    assert all(f"grpoflow.version.{p}" in tags
+               for p in ("torch", "transformers", "trl", "peft", "vllm", "prefect", "mlflow", "dvc"))
     assert tags["grpoflow.data_sha256.data/processed/items.jsonl"] == hashlib.sha256(
         (toy / "data/processed/items.jsonl").read_bytes()).hexdigest()
     assert parent.data.params["register.alpha"] == "0.05"
@@ -283,8 +284,8 @@ def test_summary_names_the_evaluation_backend():
         for name, acc in (("sft", 0.05), ("grpo", 0.12))
     }
     summary = RunSummary(name="", run_id="r", experiment_id="1", tracking_uri="sqlite:///mlflow.db", pull="skipped",
-                         push="skipped", stages=[], metrics=metrics, comparison={}, registration=NotRegistered("register.enabled is false"), decision=None,
-                         reports={})
+                         push="skipped", stages=[], metrics=metrics, comparison={},
+                         registration=NotRegistered("register.enabled is false"), decision=None, reports={})
     text = format_run_summary(summary)
     assert "evaluation backend: vllm 0.32.0; 8 samples per problem at T=0.8" in text
     assert "eval grpo   accuracy_strict=0.12" in text and "maj_at_k_strict=0.2" in text
@@ -333,7 +334,8 @@ def _prefect_story(flow_run_id: str) -> tuple[str, dict[str, object], list[str]]
     log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
     with get_client(sync_client=True) as client:
         name = client.read_flow_run(flow_run_id).name
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
         # The server writes logs in batches, later under load: read until two reads agree.
         messages: list[str] = []
         deadline = time.monotonic() + 60
@@ -365,7 +367,8 @@ def test_the_run_tells_its_story_in_mlflow_and_prefect(toy):
     assert client.get_run(killed).info.status == "RUNNING"
 
     s1 = training_pipeline(overrides=["register.alpha=0.05"])
-    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=toy, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=toy, capture_output=True,
+                          text=True).stdout.strip()
     assert s1.name == f"{head} register.alpha=0.05"
 
     # The killed run is closed at the next start, with the reason; another host's run is left alone.
@@ -388,7 +391,8 @@ def test_the_run_tells_its_story_in_mlflow_and_prefect(toy):
     assert set(datasets) == {"train", "test"}
     train_sha = hashlib.sha256((toy / "data/processed/train.jsonl").read_bytes()).hexdigest()
     assert datasets["train"].dataset.digest == train_sha[:36]
-    assert {t.key: t.value for t in datasets["train"].tags} == {"mlflow.data.context": "training", "grpoflow.sha256": train_sha}
+    assert ({t.key: t.value for t in datasets["train"].tags}
+            == {"mlflow.data.context": "training", "grpoflow.sha256": train_sha})
     assert "figures/accuracy.png" in {a.path for a in client.list_artifacts(s1.run_id, "figures")}
     grpo_run = client.get_run(s1.stages[1].run_id)
     assert grpo_run.data.tags["grpoflow.host"] == parent.data.tags["grpoflow.host"]
@@ -399,10 +403,12 @@ def test_the_run_tells_its_story_in_mlflow_and_prefect(toy):
     # Task runs are named plainly, as the run graph shows them: no random suffixes.
     stage_names = [s.stage for s in s1.stages]
     assert _task_run_names(parent.data.tags["grpoflow.prefect.flow_run_id"]) == sorted(
-        ["params", "dvc-status", "dvc-pull", *stage_names, "dvc-push", "lineage", "register", "promote", "summary", "publish"]
+        ["params", "dvc-status", "dvc-pull", *stage_names, "dvc-push", "lineage", "register", "promote", "summary",
+         "publish"]
     )
     assert artifacts["training-summary"].type == "markdown" and artifacts["training-summary"].data == description
-    assert re.search(rf"\]\(http://127\.0\.0\.1:5000/#/experiments/{exp_id}/runs/{s1.run_id}\)", artifacts["mlflow-run"].data)
+    assert re.search(rf"\]\(http://127\.0\.0\.1:5000/#/experiments/{exp_id}/runs/{s1.run_id}\)",
+                     artifacts["mlflow-run"].data)
     assert "/#/models/grpoflow-policy/versions/1)" in artifacts["model-version"].data  # Prefect keeps links as markdown
     assert "Running stage 'grpo':" in logs and "> python toy.py grpo" in logs
     assert "toy training 5/5" in logs  # a progress bar reaches the log once, in its final state
@@ -433,7 +439,8 @@ def test_summary_states_correctness_and_format_apart():
     summary = RunSummary(
         name="abc1234", run_id="r", experiment_id="1", tracking_uri="sqlite:///mlflow.db", pull="skipped",
         push="skipped", stages=[], metrics={m: r[0] for m, r in results.items()},
-        comparison=comparisons(results, "accuracy_strict"), registration=NotRegistered("register.enabled is false"), decision=None, reports={}, alpha=0.05,
+        comparison=comparisons(results, "accuracy_strict"), registration=NotRegistered("register.enabled is false"),
+        decision=None, reports={}, alpha=0.05,
     )
     text = format_run_summary(summary)
     line = next(x for x in text.splitlines() if x.startswith("  grpo vs sft:"))
@@ -470,12 +477,14 @@ def test_summary_states_the_target_bands_checked_accuracy_first_with_its_interva
                          "completion_tokens": 10})
         return rows
 
-    results = {"sft": items(right=15, checked=12, right_other=270), "grpo": items(right=31, checked=27, right_other=272)}
+    results = {"sft": items(right=15, checked=12, right_other=270),
+               "grpo": items(right=31, checked=27, right_other=272)}
     results = {m: ({**item_metrics(it), **band_metrics(it, "3")}, it) for m, it in results.items()}
     summary = RunSummary(
         name="abc1234", run_id="r", experiment_id="1", tracking_uri="sqlite:///mlflow.db", pull="skipped",
         push="skipped", stages=[], metrics={m: r[0] for m, r in results.items()},
-        comparison=comparisons(results, "accuracy_strict", "3"), registration=NotRegistered("register.enabled is false"),
+        comparison=comparisons(results, "accuracy_strict", "3"),
+        registration=NotRegistered("register.enabled is false"),
         decision=None, reports={}, alpha=0.05,
     )
     lines = [x for x in format_run_summary(summary).splitlines() if x.startswith("  grpo vs sft")]

@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 PRESET = "qwen2.5-0.5b-gpu"
 FIGURES = {  # per phase: the figures the issue asks for, each > 0
-    "sft": ("step_seconds", "tokens_per_step", "tokens_per_second", "model_tflops_per_second", "mfu", "peak_memory_gib"),
+    "sft": ("step_seconds", "tokens_per_step", "tokens_per_second", "model_tflops_per_second", "mfu",
+            "peak_memory_gib"),
     "grpo": ("step_seconds", "completions_per_step", "completions_per_second", "completion_tokens_per_second",
              "generation_tokens_per_second", "peak_memory_gib"),
     "evaluate": ("completions", "completion_tokens", "tokens_per_second", "completions_per_second", "peak_memory_gib"),

@@ -43,7 +43,8 @@ def test_guarded_command_dies_when_its_parent_is_killed(tmp_path):
         [sys.executable, "-c", textwrap.dedent(f"""
             import os, subprocess, sys, time
             env = {{**os.environ, "GRPOFLOW_STAGE_GROUP_FILE": {str(group_file)!r}}}
-            subprocess.Popen([sys.executable, "-m", "pipelines.execution.group_watchdog", "sh", "-c", "sleep 300 & sleep 300; wait"],
+            subprocess.Popen([sys.executable, "-m", "pipelines.execution.group_watchdog",
+                              "sh", "-c", "sleep 300 & sleep 300; wait"],
                              env=env, cwd={str(REPO)!r})
             time.sleep(300)
             """)],
@@ -87,6 +88,7 @@ def test_the_group_file_folder_need_not_exist(tmp_path):
 
     group_file = tmp_path / "fresh" / ".dvc" / "tmp" / "grpoflow-stage.group"
     env = {**os.environ, GROUP_FILE_ENV: str(group_file), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "pipelines.execution.group_watchdog", sys.executable, "-c", "print('ran')"],
+    proc = subprocess.run([sys.executable, "-m", "pipelines.execution.group_watchdog",
+                           sys.executable, "-c", "print('ran')"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr

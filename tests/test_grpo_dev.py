@@ -42,9 +42,11 @@ def test_grpo_records_its_dev_curve_on_held_out_target_band_problems(tmp_path, m
         *presets.overrides("tiny"),
         f"data.output_dir={root / 'data/processed'}", f"grpo.init_dir={root / 'models/sft'}",
         f"grpo.output_dir={root / 'models/grpo'}", f"grpo.checkpoint_dir={root / 'checkpoints/grpo'}",
-        f"grpo.metrics_file={root / 'reports/train/grpo.json'}", f"grpo.history_file={root / 'reports/train/grpo_history.csv'}",
+        f"grpo.metrics_file={root / 'reports/train/grpo.json'}",
+        f"grpo.history_file={root / 'reports/train/grpo_history.csv'}",
         f"selection.output_file={selected}", "grpo.sample_size=0", "grpo.trainer.num_generations=2",
-        "grpo.trainer.max_steps=2", "grpo.trainer.per_device_train_batch_size=4", "grpo.trainer.max_completion_length=8",
+        "grpo.trainer.max_steps=2", "grpo.trainer.per_device_train_batch_size=4",
+        "grpo.trainer.max_completion_length=8",
         "grpo.trainer.logging_steps=1", "grpo.trainer.save_steps=100",
         "grpo.dev_size=5", "grpo.dev_every=2", "evaluate.target_band=3",
     ])

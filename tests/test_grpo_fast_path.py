@@ -4,8 +4,8 @@ benchmarks/grpo_step.py's JSON on the tiny model.
 
 - `adapters.merged_weights`: inside, a PEFT model computes what base + adapter computes; on exit the
   base weights are bit-identical to before and the adapter computes again (no drift over steps).
-- `logps.unpadded_logps` (components/training/logps.py) over TRL's own log-prob function: rows with no left padding give the padded
-  batch's log-probs; every row gives what it gives alone; padding columns are zero; gradients flow.
+- `logps.unpadded_logps` (components/training/logps.py) over TRL's own log-prob function: rows with no left padding
+  give the padded batch's log-probs; every row gives what it gives alone; padding columns are zero; gradients flow.
 - bf16 autocast on a CPU only with `model.cpu_training_precision: auto` and native bf16 (detected).
 - `benchmarks/grpo_step.py` prints the step's parts, tokens and floor; the parts add up to the step.
 
@@ -149,8 +149,9 @@ def test_bf16_autocast_on_a_cpu_only_where_asked_and_native(monkeypatch):
 
 def test_grpo_step_benchmark_reports_the_parts_of_a_step(tmp_path):
     """The benchmark on the tiny preset (full fine-tuning), 1 measured step: its JSON adds up."""
-    small = ["data.synthetic_train_size=60", "data.synthetic_answer_only_size=40", "grpo.trainer.max_completion_length=16",
-             "grpo.trainer.per_device_train_batch_size=8", "grpo.trainer.num_generations=4"]
+    small = ["data.synthetic_train_size=60", "data.synthetic_answer_only_size=40",
+             "grpo.trainer.max_completion_length=16", "grpo.trainer.per_device_train_batch_size=8",
+             "grpo.trainer.num_generations=4"]
     cmd = [sys.executable, str(REPO / "benchmarks/grpo_step.py"), "--preset", "tiny", "--steps", "1", "--warmup", "1",
            "--path", "before", *[a for s in small for a in ("-S", s)]]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
@@ -167,12 +168,14 @@ def test_grpo_step_benchmark_reports_the_parts_of_a_step(tmp_path):
     assert out["read_gbps"] > 0 and 0 < out["tokens"]["decode_steps"] <= 16  # max_completion_length
     assert out["generation_read_seconds"] > 0
     gen = max(out["floor_parts"]["generation"], out["generation_read_seconds"])
-    assert out["roofline_seconds"] == pytest.approx(out["floor_seconds"] - out["floor_parts"]["generation"] + gen, rel=2e-3)
+    assert out["roofline_seconds"] == pytest.approx(out["floor_seconds"] - out["floor_parts"]["generation"] + gen,
+                                                    rel=2e-3)
     assert out["roofline_ratio"] == pytest.approx(out["step_seconds"] / out["roofline_seconds"], rel=0.005)
     # throughput (issue 41): every completion sampled in the measured step, over its seconds
     assert out["completions"] == 16 and out["generation_batch"] == 16 and out["max_completion_length"] == 16
     assert out["completions_per_second"] == pytest.approx(16 / out["step_seconds"], rel=0.01)
-    assert out["completion_tokens_per_second"] == pytest.approx(out["tokens"]["completion"] / out["step_seconds"], rel=0.01)
+    assert out["completion_tokens_per_second"] == pytest.approx(out["tokens"]["completion"] / out["step_seconds"],
+                                                                rel=0.01)
     assert 0.0 <= out["informative_groups"] <= 1.0 and out["cpu_completions_per_second"] > 0
 
 

@@ -48,4 +48,5 @@ def test_rescore_reports_kept_runs_with_todays_scorer_and_tells_guesses_from_sol
     # the band the runs were made with (-S), not the folder's params.yaml default
     assert grpo_gain.main(["--rescore", folders[0], "-S", "evaluate.target_band=1"]) == 0
     out = json.loads(capsys.readouterr().out)["seeds"][0]
-    assert out["target_band"] == "1" and out["target"]["n"] == 10 and out["target"]["checked"]["grpo_accuracy_checked"] == 1.0
+    assert (out["target_band"] == "1" and out["target"]["n"] == 10
+            and out["target"]["checked"]["grpo_accuracy_checked"] == 1.0)

@@ -39,7 +39,7 @@ def test_completions_are_logged_step_by_step_without_downloads_or_rewrites(tmp_p
             snapshots.append({str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()})
     out = capfd.readouterr()
     assert "Downloading artifacts" not in out.out + out.err
-    for before, after in zip(snapshots, snapshots[1:]):
+    for before, after in zip(snapshots, snapshots[1:], strict=False):
         assert {name: after.get(name) for name in before} == before  # what a step logged stays as it was
     assert sorted(snapshots[-1]) == [f"completions/step_00000{s}.json" for s in (1, 2, 3, 5, 6)]
     table = pd.read_json(root / "completions/step_000003.json", orient="split")

@@ -34,8 +34,9 @@ def tiny_llama(seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, eos_token_id=5)
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0,
+                         eos_token_id=5)
     return LlamaForCausalLM(config).eval()
 
 
@@ -115,7 +116,8 @@ def test_batched_rollouts_return_each_sampled_tokens_log_prob_as_a_forward_pass_
     for prompt, completion, lp in zip(PROMPTS, ids, logps, strict=True):
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
-        expected = torch.log_softmax(logits.float() / 0.7, dim=-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+        expected = (torch.log_softmax(logits.float() / 0.7, dim=-1)
+                    .gather(1, torch.tensor(completion)[:, None]).squeeze(1))
         assert torch.allclose(torch.tensor(lp), expected, atol=1e-4), (lp, expected.tolist())
 
 
@@ -167,7 +169,8 @@ def test_only_informative_groups_reach_the_reference_pass_and_the_loss(tmp_path,
     losses, passes = [], []
     compute = type(trainer)._compute_loss
     monkeypatch.setattr(type(trainer), "_compute_loss",
-                        lambda self, model, inputs: (losses.append(inputs["advantages"].clone()), compute(self, model, inputs))[1])
+                        lambda self, model, inputs: (losses.append(inputs["advantages"].clone()),
+                                                     compute(self, model, inputs))[1])
     from trl import GRPOTrainer
 
     logps = GRPOTrainer._get_per_token_logps_and_entropies  # TRL's pass itself: what runs the model
@@ -199,8 +202,9 @@ def test_the_old_policys_log_probs_come_from_the_rollouts_without_a_pass(tmp_pat
     """Batched rollouts, informative groups only, 2 optimizer steps a generation batch: with
     `grpo.old_logps: rollout` only the reference's pass runs over the kept rows, and the loss divides
     by the rollout's log-probs; with `forward`, the old policy's pass runs too."""
-    trainer, _ = stage_trainer(tmp_path, monkeypatch, ["grpo.informative_groups_only=true", "grpo.rollout_engine=batched",
-                                                       f"grpo.old_logps={old_logps}", "grpo.trainer.steps_per_generation=2"])
+    trainer, _ = stage_trainer(tmp_path, monkeypatch, ["grpo.informative_groups_only=true",
+                                                       "grpo.rollout_engine=batched", f"grpo.old_logps={old_logps}",
+                                                       "grpo.trainer.steps_per_generation=2"])
     inputs_seen, passes = [], []
     compute = type(trainer)._compute_loss
     monkeypatch.setattr(type(trainer), "_compute_loss",

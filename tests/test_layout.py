@@ -70,7 +70,8 @@ def test_nothing_imports_the_cli():
 
 
 def test_components_never_import_pipelines():
-    assert [m for m, deps in GRAPH.items() if m.startswith("components") and any(d.startswith("pipelines") for d in deps)] == []
+    assert [m for m, deps in GRAPH.items()
+            if m.startswith("components") and any(d.startswith("pipelines") for d in deps)] == []
 
 
 def test_shared_pieces_never_import_a_stage():
@@ -321,7 +322,8 @@ def test_every_entrypoint_and_module_string_resolves():
         assert func in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, d["entrypoint"]
     files = [*REPO.glob("*.md"), *REPO.glob("docs/*.md"), REPO / "dvc.yaml", REPO / "Makefile", *REPO.glob("infra/*"),
              *(p for d in (*PACKAGES, "benchmarks", "tests") for p in (REPO / d).rglob("*.py"))]
-    known = set(MODULES) | {f"benchmarks.{p.stem}" for p in (REPO / "benchmarks").glob("*.py")} | {"components.noop", "components.NAME"}  # the guides' placeholders
+    known = (set(MODULES) | {f"benchmarks.{p.stem}" for p in (REPO / "benchmarks").glob("*.py")}
+             | {"components.noop", "components.NAME"})  # the guides' placeholders
     found = {m for f in files if f.is_file() for m in MODULE_STRING.findall(f.read_text(errors="replace"))}
     assert len(found) > 10
     assert sorted(found - known) == []

@@ -25,7 +25,8 @@ from pipelines.params.config import ConfigError, ModelParams, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(
-    name_or_path="tiny", tiny_hidden_size=32, tiny_intermediate_size=64, tiny_num_layers=1, tiny_num_heads=2, tiny_vocab_size=300
+    name_or_path="tiny", tiny_hidden_size=32, tiny_intermediate_size=64, tiny_num_layers=1, tiny_num_heads=2,
+    tiny_vocab_size=300,
 )
 
 

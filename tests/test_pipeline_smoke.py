@@ -90,7 +90,8 @@ def test_a_small_pipeline_runs_registers_and_shows_its_results(tmp_path):
     grpo_metrics = json.loads((repo / "reports/eval/grpo.json").read_text())
     assert grpo_metrics["n"] == 40
     assert float(accuracy["grpo", "strict"]["accuracy"]) == grpo_metrics["accuracy_strict"]
-    assert [float(accuracy["grpo", "flexible"][k]) for k in ("ci_low", "ci_high")] == grpo_metrics["accuracy_flexible_ci95"]
+    assert ([float(accuracy["grpo", "flexible"][k]) for k in ("ci_low", "ci_high")]
+            == grpo_metrics["accuracy_flexible_ci95"])
 
     # MLflow: the parent run's name, description, datasets and figures; datasets on the stage runs.
     parent = client.search_runs(
@@ -121,7 +122,8 @@ def test_a_small_pipeline_runs_registers_and_shows_its_results(tmp_path):
                                order_by=["attributes.start_time DESC"])[0]
     assert rerun.info.run_id != parent.info.run_id and rerun.info.run_name == f"{head} rerun"
     for name in ("accuracy.png", "accuracy_by_steps.png", "grpo_training.png"):
-        first, second = (Path(client.download_artifacts(r.info.run_id, f"figures/{name}", str(tmp_path / r.info.run_id)))
+        first, second = (Path(client.download_artifacts(r.info.run_id, f"figures/{name}",
+                                                        str(tmp_path / r.info.run_id)))
                          for r in (parent, rerun))
         assert first.read_bytes() == second.read_bytes() and first.read_bytes()[:4] == b"\x89PNG"
     assert len(list((repo / ".dvc/tmp/grpoflow-figures").iterdir())) == 3  # accuracy, accuracy by steps, GRPO training

@@ -41,7 +41,8 @@ def trl_configs(params, gpu_preset: bool):
     grpo_args = finetune.build_trl_args(
         GRPOConfig, "grpo", params.grpo.trainer, output_dir="c", use_cpu=True, **grpo.owned_fields(params)
     )
-    return sft_args, grpo_args, finetune.lora_config("sft", params.sft.lora), finetune.lora_config("grpo", params.grpo.lora)
+    return (sft_args, grpo_args, finetune.lora_config("sft", params.sft.lora),
+            finetune.lora_config("grpo", params.grpo.lora))
 
 
 def test_every_preset_is_documented():
@@ -136,7 +137,8 @@ def test_the_default_differs_from_the_rl_preset_only_in_grpo_throughput():
         default[section]["dtype"] = rl[section]["dtype"]
     sft_logging = {k: default["sft"]["trainer"][k] for k in ("logging_steps", "save_steps")}
     assert {k for k in rl if rl[k] != default[k]} <= {"grpo", "sft"}
-    assert {**rl["sft"], "trainer": {**rl["sft"]["trainer"], **sft_logging}} == default["sft"]  # SFT differs in logging only
+    # SFT differs in logging only
+    assert {**rl["sft"], "trainer": {**rl["sft"]["trainer"], **sft_logging}} == default["sft"]
     levers = {"rollout_engine", "logps_batching", "lean_logps", "informative_groups_only", "trainer"}
     assert {k for k in rl["grpo"] if rl["grpo"][k] != default["grpo"][k]} <= levers
     trainer = {k for k in rl["grpo"]["trainer"] if rl["grpo"]["trainer"][k] != default["grpo"]["trainer"][k]}

@@ -369,13 +369,14 @@ def test_gate_states_the_target_bands_checked_accuracy_first_then_correctness_th
     reason = registry(params).get_model_version("grpoflow-policy", "2").tags["promotion.reason"]
     assert reason.startswith("v2 accuracy_strict on 3 steps 0.3100 vs champion v1 0.1500 on 100 shared items")
     change = r"\+[\d.]+ points \(95% CI \+[\d.]+ to \+[\d.]+\), exact McNemar p = [\d.e-]+"
-    assert re.search(r"promoted\. Target band \(3 steps\), n = 100: accuracy_checked \(right, no equation shown wrong\) "
+    assert re.search(r"promoted\. Target band \(3 steps\), n = 100: "
+                     r"accuracy_checked \(right, no equation shown wrong\) "
                      rf"champion v1 12\.0% -> v2 27\.0%, {change}; correctness \(accuracy_flexible, the answer is "
                      rf"right\) 15\.0% -> 31\.0%, {change}; format \(the answer is tagged\) 100\.0% -> 100\.0%; "
-                     r"accuracy_strict \(right and tagged\) 15\.0% -> 31\.0%, \+16\.0 points, p = [\d.e-]+: correctness rose\. "
-                     r"Other bands, n = 200: "
-                     r"accuracy_checked \(right, no equation shown wrong\) champion v1 90\.0% -> v2 90\.5%, \+0\.5 points "
-                     r"\(95% CI ", reason), reason
+                     r"accuracy_strict \(right and tagged\) 15\.0% -> 31\.0%, \+16\.0 points, p = [\d.e-]+: "
+                     r"correctness rose\. Other bands, n = 200: "
+                     r"accuracy_checked \(right, no equation shown wrong\) champion v1 90\.0% -> v2 90\.5%, "
+                     r"\+0\.5 points \(95% CI ", reason), reason
 
 
 def test_gate_on_flexible_names_items_without_the_column(repo):
@@ -383,7 +384,8 @@ def test_gate_on_flexible_names_items_without_the_column(repo):
     write_eval(repo, [i < 40 for i in range(100)])  # items without correct_flexible
     gate(params, register(params, lineage("a" * 32), new_run(params), repo), repo)
     write_eval(repo, [i < 80 for i in range(100)])
-    with pytest.raises(InputError, match=r"grpoflow-policy v2 items \S+/grpo.items.jsonl: item q0 has no boolean 'correct_flexible'"):
+    with pytest.raises(InputError, match=r"grpoflow-policy v2 items \S+/grpo.items.jsonl: "
+                                         r"item q0 has no boolean 'correct_flexible'"):
         gate(params, register(params, lineage("b" * 32), new_run(params), repo), repo)
 
 
@@ -399,7 +401,8 @@ def test_the_decision_kinds_are_the_ones_produced():
     produced = set()
     for node in (n for m in (promotion, moves) for n in ast.walk(ast.parse(Path(m.__file__).read_text()))):
         if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Decision" and len(node.args) >= 3:
-            produced |= {n.value for n in ast.walk(node.args[2]) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+            produced |= {n.value for n in ast.walk(node.args[2])
+                         if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     assert produced == set(typing.get_args(DecisionKind))
 
 
@@ -446,9 +449,11 @@ def test_an_adapter_version_stores_the_adapter_and_loads_where_no_base_is(repo, 
     sha = adapters.weights_sha256(repo / "models/base")
     assert mv.tags["grpoflow.kind"] == "adapter" and mv.tags["lineage.base_weights_sha256"] == sha
     assert mv.tags["lineage.base_model"] == "models:/grpoflow-policy-base/1"
-    assert client.get_model_version("grpoflow-policy", reg2.version).tags["lineage.base_model"] == mv.tags["lineage.base_model"]
+    assert (client.get_model_version("grpoflow-policy", reg2.version).tags["lineage.base_model"]
+            == mv.tags["lineage.base_model"])
     assert len(client.search_model_versions("name = 'grpoflow-policy-base'")) == 1
-    files = Path(mlflow.artifacts.download_artifacts(f"models:/grpoflow-policy/{reg.version}", dst_path=str(tmp_path / "dl")))
+    files = Path(mlflow.artifacts.download_artifacts(f"models:/grpoflow-policy/{reg.version}",
+                                                     dst_path=str(tmp_path / "dl")))
     assert not list(files.rglob("model.safetensors")) and list(files.rglob("adapter_model.safetensors"))
 
     # Elsewhere: no models/base, an empty cache of bases; the registry alone.
@@ -579,7 +584,8 @@ def test_the_next_gate_repairs_the_tags_an_older_race_left(repo):
     the other its decision: superseded, naming the winner and its run."""
     params = load_params()
     client = registry(params)
-    regs = [registered(params, repo, right, md5) for right, md5 in ((40, "1"), (50, "2"), (60, "3"), (70, "4"), (90, "5"))]
+    regs = [registered(params, repo, right, md5)
+            for right, md5 in ((40, "1"), (50, "2"), (60, "3"), (70, "4"), (90, "5"))]
 
     def left_by_a_race(version: str, previous: str | None, run: str) -> None:
         for key, value in {"promotion.decision": "promoted", "promotion.reason": f"gate of v{version}",

@@ -66,7 +66,9 @@ TABLE = [
 
 @pytest.mark.parametrize("as_chat", [False, True], ids=["string", "chat"])
 @pytest.mark.parametrize("completion, fmt, soft, acc, combined, tags, flex", TABLE)
-def test_each_reward_scores_the_table_of_completions_as_strings_and_as_chat(completion, fmt, soft, acc, combined, tags, flex, as_chat):
+def test_each_reward_scores_the_table_of_completions_as_strings_and_as_chat(
+    completion, fmt, soft, acc, combined, tags, flex, as_chat
+):
     c = [chat(completion) if as_chat else completion]
     gold = ["277"]
     assert format_reward(c, gold=gold) == [fmt]
@@ -160,7 +162,8 @@ def test_params_choose_rewards_with_weights():
     assert funcs == [format_reward, accuracy_reward, tag_count_reward]
     assert weights == [0.2, 1.0, 0.1]
     default = load_params(None, [])
-    assert [f.__name__ for f in build_rewards(default.rewards)[0]] == ["flexible_accuracy_reward"]  # the default recipe: correctness alone, tags or not
+    # the default recipe: correctness alone, tags or not
+    assert [f.__name__ for f in build_rewards(default.rewards)[0]] == ["flexible_accuracy_reward"]
 
 
 @pytest.mark.parametrize(
@@ -188,7 +191,8 @@ def test_unknown_reward_name_fails_before_grpo_loads_anything():
         check_reward_names(params.rewards)
     with pytest.raises(ConfigError, match=r"rewards.funcs\[1\]: unknown reward 'nope'"):
         grpo.trainer_settings(params)
-    check_reward_names(load_params(None, ["rewards.funcs=[format, mypkg.mod:reward]", "rewards.weights=[1, 1]"]).rewards)
+    check_reward_names(
+        load_params(None, ["rewards.funcs=[format, mypkg.mod:reward]", "rewards.weights=[1, 1]"]).rewards)
 
 
 # --------------------------------------------------------------------------- robustness
@@ -283,7 +287,8 @@ def test_rewards_module_does_no_work_at_import():
     # Importing rewards must not import math-verify or sympy (`grpoflow run` imports it to check names).
     import subprocess
 
-    code = "import sys, components.training.rewards, pipelines.params.config; print('sympy' in sys.modules, 'math_verify' in sys.modules)"
+    code = ("import sys, components.training.rewards, pipelines.params.config; "
+            "print('sympy' in sys.modules, 'math_verify' in sys.modules)")
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -28,8 +28,8 @@ def workspace(tmp_path_factory):
     from components.models.modelio import save_model
 
     root = tmp_path_factory.mktemp("selectrepo")
-    data.write_splits(DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=40, synthetic_test_size=4,
-                        synthetic_max_steps=1, synthetic_answer_only_size=24))
+    data.write_splits(DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=40,
+                                 synthetic_test_size=4, synthetic_max_steps=1, synthetic_answer_only_size=24))
     model, tok = model_stage.build_tiny(ModelParams(seed=1, **TINY), root / "data/processed/train.jsonl")
     save_model(model, tok, root / "models/sft")
     return root
@@ -65,7 +65,8 @@ def test_a_model_that_solves_nothing_stops_the_stage_with_the_counts(workspace, 
     shutil.rmtree(workspace / "data/selected", ignore_errors=True)
     overrides = [f"data.output_dir={workspace / 'data/processed'}", f"selection.model_dir={workspace / 'models/sft'}",
                  f"selection.output_file={workspace / 'data/selected/prompts.jsonl'}", "selection.backend=transformers",
-                 "selection.num_samples=2", "selection.max_new_tokens=8", "selection.min_prompts=5", "selection.mode=strict"]
+                 "selection.num_samples=2", "selection.max_new_tokens=8", "selection.min_prompts=5",
+                 "selection.mode=strict"]
     assert selection.main([a for o in overrides for a in ("-S", o)]) == 2
     msg = capsys.readouterr().err.strip().splitlines()[-1]
     assert msg.startswith("error: selection kept 0 of 24 prompts (never solved 24, always solved 0")
@@ -74,7 +75,8 @@ def test_a_model_that_solves_nothing_stops_the_stage_with_the_counts(workspace, 
 
 
 def test_selection_writes_kept_prompts_pass_rates_counts_and_histogram(workspace):
-    out = selection.choose_prompts(params(workspace, "selection.keep_unsolved=true", "selection.min_prompts=5", "selection.max_candidates=20"))
+    out = selection.choose_prompts(params(workspace, "selection.keep_unsolved=true", "selection.min_prompts=5",
+                                          "selection.max_candidates=20"))
     rows = [json.loads(x) for x in (workspace / "data/selected/prompts.jsonl").read_text().splitlines()]
     grpo = [json.loads(x) for x in (workspace / "data/processed/grpo.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == [r["id"] for r in grpo[:20]]  # the first max_candidates, all kept

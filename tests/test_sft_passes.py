@@ -65,7 +65,8 @@ def test_the_lean_sft_step_scores_only_the_completions_with_the_same_losses(tmp_
     lean, scored, lean_dtypes = train(tmp_path / "lean", monkeypatch, lean=True, bf16=bf16)
     assert plain.args.bf16 is bf16 and lean.args.bf16 is bf16
     assert len(every) == len(scored) == 2  # one head call a step
-    assert all(s < e for s, e in zip(scored, every, strict=True)), (scored, every)  # the prompts' positions are not projected
+    # the prompts' positions are not projected
+    assert all(s < e for s, e in zip(scored, every, strict=True)), (scored, every)
     losses = [[e["loss"] for e in t.state.log_history if "loss" in e] for t in (plain, lean)]
     assert len(losses[0]) == 2 and losses[0] == pytest.approx(losses[1], rel=1e-2 if bf16 else 1e-4)
     base = torch.bfloat16 if bf16 else torch.float32

@@ -25,7 +25,8 @@ def workspace(tmp_path, monkeypatch):
     from components import model as model_stage
     from components.models.modelio import save_model
 
-    data.write_splits(DataParams(output_dir=str(tmp_path / "data/processed"), synthetic_train_size=40, synthetic_test_size=4))
+    data.write_splits(DataParams(output_dir=str(tmp_path / "data/processed"), synthetic_train_size=40,
+                                 synthetic_test_size=4))
     model, tok = model_stage.build_tiny(ModelParams(seed=0, **TINY), tmp_path / "data/processed/train.jsonl")
     save_model(model, tok, tmp_path / "models/base")
     monkeypatch.chdir(tmp_path)
@@ -41,11 +42,13 @@ def test_sft_stops_at_the_plateau_of_its_dev_accuracy_and_records_the_curve(work
     params = load_params(None, [
         f"data.output_dir={root / 'data/processed'}", f"model.base_dir={root / 'models/base'}",
         f"sft.output_dir={root / 'models/sft'}", f"sft.checkpoint_dir={root / 'checkpoints/sft'}",
-        f"sft.metrics_file={root / 'reports/train/sft.json'}", f"sft.history_file={root / 'reports/train/sft_history.csv'}",
+        f"sft.metrics_file={root / 'reports/train/sft.json'}",
+        f"sft.history_file={root / 'reports/train/sft_history.csv'}",
         "sft.sample_size=0", "sft.trainer.max_steps=8", "sft.trainer.per_device_train_batch_size=4",
         "sft.trainer.logging_steps=2", "sft.trainer.save_steps=100", "sft.trainer.warmup_steps=0",
         # a rise of more than 100% never happens: the 2nd measurement is a plateau
-        "sft.dev_size=6", "sft.dev_every=2", "sft.dev_max_new_tokens=16", "sft.plateau_patience=1", "sft.plateau_min_delta=1.5",
+        "sft.dev_size=6", "sft.dev_every=2", "sft.dev_max_new_tokens=16", "sft.plateau_patience=1",
+        "sft.plateau_min_delta=1.5",
     ])
     sft.run(params)
     report = json.loads((root / "reports/train/sft.json").read_text())

@@ -123,7 +123,8 @@ def test_the_experiment_opens_on_its_training_runs(repo):
     exp_id = configure(params)  # created here
     assert client.get_experiment(exp_id).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
     # An existing experiment with no kind, or one MLflow only inferred, gets it; a chosen kind stays.
-    for before, after in [(None, "custom_model_development"), ("genai_development_inferred", "custom_model_development"),
+    for before, after in [(None, "custom_model_development"),
+                          ("genai_development_inferred", "custom_model_development"),
                           ("genai_development", "genai_development")]:
         if before is None:
             client.delete_experiment_tag(exp_id, EXPERIMENT_KIND_TAG)
@@ -236,7 +237,8 @@ def test_summary_links_to_the_tracking_servers_own_ui():
     from pipelines.handoff import NotRegistered, RunSummary
 
     summary = RunSummary(name="", run_id="r1", experiment_id="3", tracking_uri="", pull="skipped", push="skipped",
-                         stages=[], metrics={}, comparison={}, registration=NotRegistered("register.enabled is false"), decision=None, reports={})
+                         stages=[], metrics={}, comparison={}, registration=NotRegistered("register.enabled is false"),
+                         decision=None, reports={})
     remote = format_run_summary(dataclasses.replace(summary, tracking_uri="https://mlflow.example.org:5000/"))
     assert "ui: https://mlflow.example.org:5000/#/experiments/3/runs/r1" in remote and "grpoflow ui" not in remote
     local = format_run_summary(dataclasses.replace(summary, tracking_uri="sqlite:////tmp/mlflow.db"))

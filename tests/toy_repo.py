@@ -43,7 +43,8 @@ if stage == "prepare":
     for split, n in (("train", 8), ("test", 4)):  # what the flow logs as MLflow datasets
         with open(f"data/processed/{split}.jsonl", "w") as fh:
             for i in range(n):
-                fh.write(json.dumps({"id": f"{split}-{i}", "question": f"{i} + 1?", "solution": "", "gold": str(i + 1)}) + "\\n")
+                fh.write(json.dumps({"id": f"{split}-{i}", "question": f"{i} + 1?", "solution": "",
+                                     "gold": str(i + 1)}) + "\\n")
     sys.exit(0)
 
 from pipelines.params.config import load_params
@@ -76,7 +77,8 @@ with stage_run(stage, load_params(), extra_params={"toy": cfg.get(stage, {})}):
         correct = [int(i[1:]) % 100 < skill for i in ids]
         with open("reports/eval/grpo.items.jsonl", "w") as fh:
             for i, c in zip(ids, correct):
-                fh.write(json.dumps({"id": i, "completion": "<answer>1</answer>", "extracted": "1", "correct": c}) + "\\n")
+                fh.write(json.dumps({"id": i, "completion": "<answer>1</answer>", "extracted": "1",
+                                     "correct": c}) + "\\n")
         acc = sum(correct) / len(correct)
         # What the real evaluate stage records: which items (sha256) with which settings.
         import hashlib
@@ -125,7 +127,8 @@ def make_tiny_model(out: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<unk>", " ", *"0123456789abcdefghijklmnopqrstuvwxyz?+=<>/"])}
+    vocab = {t: i for i, t in
+             enumerate(["<pad>", "<eos>", "<unk>", " ", *"0123456789abcdefghijklmnopqrstuvwxyz?+=<>/"])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")

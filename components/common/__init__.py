@@ -1,1 +1,2 @@
-"""What every stage shares: errors, files, MLflow tracking, the entry point and the params schema, loading and checks."""
+"""What every stage shares: errors, files, MLflow tracking, the entry point and the params schema,
+loading and checks."""

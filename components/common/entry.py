@@ -73,7 +73,9 @@ def one_line_errors(command: typing.Callable[[], int | None]) -> int:
         return fail(line, 1)
 
 
-def stage_main(stage: str, doc: str | None, run: typing.Callable[[Params], object], argv: list[str] | None = None) -> int:
+def stage_main(
+    stage: str, doc: str | None, run: typing.Callable[[Params], object], argv: list[str] | None = None
+) -> int:
     """The entry point of every stage module (`python -m components.<stage> [--params F] [-S k=v]`):
     load the params, run the stage; errors through `one_line_errors`."""
     import logging

@@ -71,7 +71,9 @@ def replace_dir(out_dir: str | os.PathLike, write: Callable[[Path], object], *, 
             foreign = _foreign_entries(out, tmp, marker, stage_output=marker == OUTPUT_MARKER)
             if foreign:
                 shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-                raise InputError(f"{out} holds files grpoflow did not write ({shown}); refusing to replace it. {refusal}")
+                raise InputError(
+                    f"{out} holds files grpoflow did not write ({shown}); refusing to replace it. {refusal}"
+                )
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             old.rmdir()
             os.replace(out, old)

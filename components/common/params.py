@@ -224,7 +224,8 @@ class SFTParams:
 
 @dataclass
 class GRPOParams:
-    init_dir: str = _f("models/sft", path="input_dir", fingerprint=False)  # its content enters the fingerprint as an input
+    # its content enters the fingerprint as an input
+    init_dir: str = _f("models/sft", path="input_dir", fingerprint=False)
     output_dir: str = _f("models/grpo", path="output_dir", fingerprint=False)
     metrics_file: str = _metrics_file("grpo")
     history_file: str = _history_file("grpo")

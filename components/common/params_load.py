@@ -1,10 +1,10 @@
 """Loading params: params.yaml (or `--params FILE`, or $GRPOFLOW_PARAMS) read, `-S section.key=value`
 overrides applied (the syntax of `dvc exp run -S`; values are parsed as YAML, so `-S grpo.trainer.beta=0.0`
 is a float and `-S data.allow_overlap=true` a bool), every key checked against the schema
-(components/common/params.py) and the rules (components/common/params_rules.py, each section's `check()`), and the stage paths against the
-repository (components/common/path_safety.py). `load_params()` returns a `Params`; unknown keys, wrong
-types and out-of-range values raise a ConfigError whose message names the key and what was expected (a key
-that moved, `MOVED_KEYS`, its new name).
+(components/common/params.py) and the rules (components/common/params_rules.py, each section's `check()`), and the
+stage paths against the repository (components/common/path_safety.py). `load_params()` returns a `Params`; unknown
+keys, wrong types and out-of-range values raise a ConfigError whose message names the key and what was expected (a
+key that moved, `MOVED_KEYS`, its new name).
 A key the file leaves out takes its field's default.
 """
 

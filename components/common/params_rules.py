@@ -170,7 +170,7 @@ def parse_band(text: str, key: str = "evaluate.target_band") -> Band | None:
     Traceback (most recent call last):
     ...
     components.common.errors.ConfigError: evaluate.target_band='4-2': expected N, N-M (N <= M) or N+ steps, e.g. 3, 3-4 or 5+
-    """
+    """  # noqa: E501
     if not str(text).strip():
         return None
     m = _BAND_RE.match(str(text))

@@ -20,7 +20,10 @@ PROTECTED = (".git", ".dvc")
 def _keys(role: str) -> tuple[str, ...]:
     """`section.key` of every field whose `path` metadata is `role`, in schema order."""
     return tuple(
-        f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in dataclasses.fields(cls) if f.metadata.get("path") == role
+        f"{name}.{f.name}"
+        for name, cls in SECTIONS.items()
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("path") == role
     )
 
 
@@ -56,7 +59,9 @@ def check_paths(params: Params, root: str | os.PathLike) -> dict[str, Path]:
         if p == root:
             raise ConfigError(f"{key}: {value!r} is the repository root {root}; give the stage a folder of its own")
         if root not in p.parents:
-            raise ConfigError(f"{key}: {value!r} resolves to {p}, outside the repository {root}; stage paths live inside it")
+            raise ConfigError(
+                f"{key}: {value!r} resolves to {p}, outside the repository {root}; stage paths live inside it"
+            )
         for protected in PROTECTED:
             if _overlap(p, root / protected):
                 raise ConfigError(f"{key}: {value!r} is inside {protected}, which belongs to {protected.strip('.')}")

@@ -278,7 +278,9 @@ def stage_run(
     nested = active is not None
     if parent and active is not None and active.info.run_id != parent:
         parent = None  # a run of this process is open: nest under it instead of the env's
-    run = mlflow.start_run(run_name=stage, parent_run_id=parent, nested=nested, tags={STAGE_TAG: stage, **process_tags()})
+    run = mlflow.start_run(
+        run_name=stage, parent_run_id=parent, nested=nested, tags={STAGE_TAG: stage, **process_tags()}
+    )
     try:
         if datasets:
             log_datasets(run.info.run_id, datasets)

@@ -1,1 +1,2 @@
-"""Evaluation helpers of the evaluate stage (and of selection's sampling): generation on vLLM, transformers or an endpoint, scoring, statistics and reports."""
+"""Evaluation helpers of the evaluate stage (and of selection's sampling): generation on vLLM, transformers or
+an endpoint, scoring, statistics and reports."""

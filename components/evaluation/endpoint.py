@@ -62,16 +62,22 @@ class Endpoint:
                 if exc.code not in RETRY_STATUS or attempt == self.retries:
                     raise BackendError(f"endpoint {url}: HTTP {exc.code}: {detail}") from None
                 wait = _retry_after(exc.headers.get("Retry-After"), attempt)
-                log.warning("endpoint %s: HTTP %d, retry %d/%d in %.1f s", url, exc.code, attempt + 1, self.retries, wait)
+                log.warning(
+                    "endpoint %s: HTTP %d, retry %d/%d in %.1f s", url, exc.code, attempt + 1, self.retries, wait
+                )
             except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
                 if attempt == self.retries:
                     raise BackendError(f"endpoint {url}: {_reason(exc)} after {self.retries + 1} attempts") from None
                 wait = _retry_after(None, attempt)
-                log.warning("endpoint %s: %s, retry %d/%d in %.1f s", url, _reason(exc), attempt + 1, self.retries, wait)
+                log.warning(
+                    "endpoint %s: %s, retry %d/%d in %.1f s", url, _reason(exc), attempt + 1, self.retries, wait
+                )
             time.sleep(wait)
         raise AssertionError("unreachable")
 
-    def complete(self, request: dict[str, Any], settings: GenerationSettings, temperature: float, seed: int | None) -> tuple[str, int]:
+    def complete(
+        self, request: dict[str, Any], settings: GenerationSettings, temperature: float, seed: int | None
+    ) -> tuple[str, int]:
         """(text, completion tokens less EOS) of one request: {"messages": [...]} or {"prompt": str}."""
         body: dict[str, Any] = {
             "model": self.model,
@@ -126,7 +132,9 @@ def connect(base_url: str, model: str = "", timeout: float = 300.0, retries: int
         ) from None
     if model:
         if listed and model not in listed:
-            raise BackendError(f"endpoint {base_url}: serves {', '.join(listed)}, not {model!r} (evaluate.endpoint_model)")
+            raise BackendError(
+                f"endpoint {base_url}: serves {', '.join(listed)}, not {model!r} (evaluate.endpoint_model)"
+            )
         chosen = model
     elif len(listed) == 1:
         chosen = listed[0]
@@ -157,7 +165,9 @@ def generate_on_endpoint(
         t0 = time.perf_counter()
         greedy = list(pool.map(run, [(i, 0.0, None) for i in range(len(requests))]))
         t1 = time.perf_counter()
-        flat = list(pool.map(run, [(i, settings.temperature, sample_seeds[i] + j) for i in range(len(requests)) for j in range(k)]))
+        flat = list(pool.map(
+            run, [(i, settings.temperature, sample_seeds[i] + j) for i in range(len(requests)) for j in range(k)]
+        ))
         t2 = time.perf_counter()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # a failed request stops the queued ones

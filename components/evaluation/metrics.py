@@ -68,13 +68,15 @@ def item_metrics(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 SLICE_KEYS = ("n", "accuracy_flexible", "accuracy_flexible_ci95", "accuracy_strict", "accuracy_strict_ci95",
-              "accuracy_checked", "accuracy_checked_ci95", "format_rate", "pass_at_k_flexible", "sampled_accuracy_flexible")
+              "accuracy_checked", "accuracy_checked_ci95", "format_rate", "pass_at_k_flexible",
+              "sampled_accuracy_flexible")
 
 
 def slice_metrics(items: list[dict[str, Any]]) -> dict[str, Any]:
     """The headline metrics of a slice of items (a step count, a band).
 
-    >>> slice_metrics([{"correct": True, "correct_flexible": True, "format_ok": True, "completion_tokens": 3}])["accuracy_flexible"]
+    >>> slice_metrics([{"correct": True, "correct_flexible": True, "format_ok": True,
+    ...                 "completion_tokens": 3}])["accuracy_flexible"]
     1.0
     """
     m = item_metrics(items)
@@ -119,7 +121,10 @@ def compare_bands(items_a: list[dict[str, Any]], items_b: list[dict[str, Any]], 
     band = bands.parse_band(target_band)
     if band:
         out["target_band"] = target_band
-        for name, keep in (("target", lambda s: bands.in_band(s, band)), ("in_band", lambda s: not bands.in_band(s, band))):
+        for name, keep in (
+            ("target", lambda s: bands.in_band(s, band)),
+            ("in_band", lambda s: not bands.in_band(s, band)),
+        ):
             if (res := on(keep)) is not None:
                 out[name] = res
     return out

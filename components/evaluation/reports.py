@@ -1,15 +1,13 @@
 """The evaluation reports on disk and in MLflow: written by the evaluate stage and `grpoflow evaluate`,
 read by the registry, the promotion gate and the run summary.
 
-In `evaluate.output_dir`: `<model>.json` (every metric of the model), `<model>.items.jsonl`
-(one scored row per problem; the promotion gate pairs items by id), `comparison.json`,
-`accuracy.csv` (accuracy per model and metric with its Wilson interval: the data of the accuracy
-plot in dvc.yaml), `metrics/<model>.json` (the headline: checked accuracy, correctness, strict
-accuracy, format and n) and `metrics/<a>_vs_<b>.<statistic>.json` (each pair's paired change of the
-same keys: its delta, the ends of its 95% interval, its p-value). These are the DVC metrics files:
-`dvc metrics show` puts every key in a column of its own, so the pair's four files are four rows
-under the models' own columns rather than a dozen columns more.
-All files of one evaluation appear together (components/common/files.py `write_files`).
+In `evaluate.output_dir`: `<model>.json` (every metric of the model), `<model>.items.jsonl` (one scored row per problem;
+the promotion gate pairs items by id), `comparison.json`, `accuracy.csv` (accuracy per model and metric with its Wilson
+interval: the data of the accuracy plot in dvc.yaml), `metrics/<model>.json` (the headline: checked accuracy,
+correctness, strict accuracy, format and n) and `metrics/<a>_vs_<b>.<statistic>.json` (each pair's paired change of the
+same keys: its delta, the ends of its 95% interval, its p-value). These are the DVC metrics files: `dvc metrics show`
+puts every key in a column of its own, so the pair's four files are four rows under the models' own columns rather than
+a dozen columns more. All files of one evaluation appear together (components/common/files.py `write_files`).
 """
 
 from __future__ import annotations
@@ -67,12 +65,13 @@ def headline_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     correctness, strict accuracy, format and the number of items; with a target band, the accuracies on
     the band and on the other bands instead of over all items.
 
-    >>> headline_metrics({"accuracy_flexible": 0.5, "accuracy_strict": 0.25, "format_rate": 0.5, "n": 4, "load_seconds": 2.0})
+    >>> headline_metrics({"accuracy_flexible": 0.5, "accuracy_strict": 0.25, "format_rate": 0.5, "n": 4,
+    ...                   "load_seconds": 2.0})
     {'accuracy_flexible': 0.5, 'accuracy_strict': 0.25, 'format_rate': 0.5, 'n': 4}
     >>> headline_metrics({"format_rate": 1.0, "target": {"accuracy_checked": 0.1, "accuracy_flexible": 0.2,
-    ...                   "accuracy_strict": 0.2, "n": 5}, "in_band": {"accuracy_checked": 0.8, "accuracy_flexible": 0.9}})
+    ...     "accuracy_strict": 0.2, "n": 5}, "in_band": {"accuracy_checked": 0.8, "accuracy_flexible": 0.9}})
     {'target_accuracy_checked': 0.1, 'target_accuracy_flexible': 0.2, 'target_accuracy_strict': 0.2, 'target_n': 5, 'in_band_accuracy_checked': 0.8, 'in_band_accuracy_flexible': 0.9, 'format_rate': 1.0}
-    """
+    """  # noqa: E501
     if "target" in metrics:
         out = {key: metrics[part][name] for key, (part, name) in BAND_HEADLINE_KEYS.items()
                if name in metrics.get(part, {})}
@@ -105,7 +104,7 @@ def pair_headline_metrics(pair: dict[str, Any], metrics_a: dict[str, Any], metri
     {'target_accuracy_checked': 0.15, 'target_accuracy_flexible': 0.16, 'in_band_accuracy_flexible': -0.01, 'format_rate': 0.25}
     >>> rows["ci95_low"], rows["p_value"]
     ({'target_accuracy_checked': 0.06, 'target_accuracy_flexible': 0.07, 'in_band_accuracy_flexible': -0.04}, {'target_accuracy_checked': 0.001, 'target_accuracy_flexible': 0.0008, 'in_band_accuracy_flexible': 0.6})
-    """
+    """  # noqa: E501
     if "target" in pair:
         keys = {key: (part, name) for key, (part, name) in BAND_HEADLINE_KEYS.items() if name != "n"}
     else:
@@ -155,7 +154,8 @@ def accuracy_rows(metrics: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         for model, m in metrics.items():
             if key in m:
                 low, high = m.get(f"{key}_ci95") or (None, None)
-                rows.append({"model": model, "metric": metric, "accuracy": m[key], "ci_low": low, "ci_high": high, "n": m.get("n")})
+                rows.append({"model": model, "metric": metric, "accuracy": m[key], "ci_low": low, "ci_high": high,
+                             "n": m.get("n")})
     return rows
 
 
@@ -219,12 +219,11 @@ def _pct(x: float) -> str:
 
 def verdict(strict: dict[str, Any] | None, flexible: dict[str, Any] | None, alpha: float = 0.05,
             checked: dict[str, Any] | None = None) -> str:
-    """What a paired comparison says about correctness, in words: strict accuracy needs the right
-    answer in the `<answer>` tag, flexible accuracy only the right answer (correctness), checked
-    accuracy the right answer with no equation shown wrong (components/problems/arithmetic.py).
-    A correctness gain of which the checked accuracy shares less than half is called what it is:
-    mostly right answers reached by wrong work; a significant change in checked accuracy that correctness
-    does not share is named, not called "no significant change".
+    """What a paired comparison says about correctness, in words: strict accuracy needs the right answer in the
+    `<answer>` tag, flexible accuracy only the right answer (correctness), checked accuracy the right answer with no
+    equation shown wrong (components/problems/arithmetic.py). A correctness gain of which the checked accuracy shares
+    less than half is called what it is: mostly right answers reached by wrong work; a significant change in checked
+    accuracy that correctness does not share is named, not called "no significant change".
 
     >>> verdict({"delta": 0.095, "p_value": 1e-13}, {"delta": -0.012, "p_value": 0.4})
     'the gain is format, not correctness'
@@ -234,11 +233,14 @@ def verdict(strict: dict[str, Any] | None, flexible: dict[str, Any] | None, alph
     'correctness fell'
     >>> verdict({"delta": 0.01, "p_value": 0.5}, {"delta": 0.01, "p_value": 0.5})
     'no significant change in correctness'
-    >>> verdict({"delta": 0.04, "p_value": 0.02}, {"delta": 0.04, "p_value": 0.02}, checked={"delta": 0.008, "p_value": 0.2})
+    >>> verdict({"delta": 0.04, "p_value": 0.02}, {"delta": 0.04, "p_value": 0.02},
+    ...         checked={"delta": 0.008, "p_value": 0.2})
     'correctness rose, but not with work that holds: most new right answers come with wrong equations'
-    >>> verdict({"delta": 0.15, "p_value": 0.001}, {"delta": 0.15, "p_value": 0.001}, checked={"delta": 0.14, "p_value": 0.06})
+    >>> verdict({"delta": 0.15, "p_value": 0.001}, {"delta": 0.15, "p_value": 0.001},
+    ...         checked={"delta": 0.14, "p_value": 0.06})
     'correctness rose'
-    >>> verdict({"delta": 0.06, "p_value": 0.09}, {"delta": 0.06, "p_value": 0.09}, checked={"delta": 0.095, "p_value": 0.0075})
+    >>> verdict({"delta": 0.06, "p_value": 0.09}, {"delta": 0.06, "p_value": 0.09},
+    ...         checked={"delta": 0.095, "p_value": 0.0075})
     'work that holds rose (checked accuracy); the rise in correctness alone is not significant'
     """
     def significant(r: dict[str, Any] | None, sign: int) -> bool:
@@ -279,7 +281,7 @@ def headline(a: str, b: str, by_metric: dict[str, dict[str, Any]], format_a: flo
     ...                           "p_value": 0.21}
     >>> print(headline("grpo", "sft", by, 0.993, 0.288))
     accuracy_checked (right, no equation shown wrong) sft 11.0% -> grpo 9.0%, -2.0 points (95% CI -5.0 to +1.0), exact McNemar p = 0.21; correctness (accuracy_flexible, the answer is right) 13.2% -> 12.0%, -1.2 points (95% CI -4.0 to +1.6), exact McNemar p = 0.4; format (the answer is tagged) 28.8% -> 99.3%; accuracy_strict (right and tagged) 2.5% -> 12.0%, +9.5 points, p = 1.4e-13: the gain is format, not correctness
-    """
+    """  # noqa: E501
     parts = []
     flex, strict = by_metric.get("accuracy_flexible"), by_metric.get("accuracy_strict")
     checked = by_metric.get("accuracy_checked")
@@ -294,8 +296,8 @@ def headline(a: str, b: str, by_metric: dict[str, dict[str, Any]], format_a: flo
     if format_a is not None and format_b is not None:
         parts.append(f"format (the answer is tagged) {_pct(format_b)} -> {_pct(format_a)}")
     if strict:
-        parts.append(f"accuracy_strict (right and tagged) {_pct(strict['accuracy_b'])} -> {_pct(strict['accuracy_a'])}, "
-                     f"{100 * strict['delta']:+.1f} points, p = {strict['p_value']:.2g}")
+        parts.append(f"accuracy_strict (right and tagged) {_pct(strict['accuracy_b'])} -> "
+                     f"{_pct(strict['accuracy_a'])}, {100 * strict['delta']:+.1f} points, p = {strict['p_value']:.2g}")
     return "; ".join(parts) + f": {verdict(strict, flex, alpha, checked)}"
 
 
@@ -320,14 +322,15 @@ def steps_table(metrics: dict[str, Any]) -> str:
     """Accuracy per number of reasoning steps (and on the target band and the others), as a text table.
 
     >>> m = {"by_steps": {"1": {"n": 3, "accuracy_flexible": 1.0, "accuracy_strict": 2 / 3, "format_rate": 1.0}},
-    ...      "target_band": "1", "target": {"n": 3, "accuracy_flexible": 1.0, "accuracy_strict": 2 / 3, "format_rate": 1.0}}
+    ...      "target_band": "1",
+    ...      "target": {"n": 3, "accuracy_flexible": 1.0, "accuracy_strict": 2 / 3, "format_rate": 1.0}}
     >>> print(steps_table(m))
     accuracy per number of reasoning steps (target band: 1 step)
       steps             n  flexible    strict    format
       1                 3    100.0%     66.7%    100.0%
       target band       3    100.0%     66.7%    100.0%
-    >>> print(steps_table({"by_steps": {"3": {"n": 4, "accuracy_flexible": 0.5, "accuracy_strict": 0.5, "format_rate": 1.0,
-    ...                                       "accuracy_checked": 0.25}}}))
+    >>> print(steps_table({"by_steps": {"3": {"n": 4, "accuracy_flexible": 0.5, "accuracy_strict": 0.5,
+    ...                                       "format_rate": 1.0, "accuracy_checked": 0.25}}}))
     accuracy per number of reasoning steps
       steps             n  flexible    strict    format   checked
       3                 4     50.0%     50.0%    100.0%     25.0%
@@ -340,7 +343,8 @@ def steps_table(metrics: dict[str, Any]) -> str:
              if band and metrics.get(part, {}).get("n")]
     head = "accuracy per number of reasoning steps" + (f" (target band: {band_label(band)})" if band else "")
     checked = bool(rows) and all("accuracy_checked" in m for _, m in rows)
-    lines = [head, f"  {'steps':<12} {'n':>6}  {'flexible':>8}  {'strict':>8}  {'format':>8}" + (f"  {'checked':>8}" if checked else "")]
+    lines = [head, f"  {'steps':<12} {'n':>6}  {'flexible':>8}  {'strict':>8}  {'format':>8}"
+             + (f"  {'checked':>8}" if checked else "")]
     for label, m in rows:
         lines.append(f"  {label:<12} {m['n']:>6}  {_pct(m['accuracy_flexible']):>8}  {_pct(m['accuracy_strict']):>8}  "
                      f"{_pct(m['format_rate']):>8}" + (f"  {_pct(m['accuracy_checked']):>8}" if checked else ""))
@@ -379,9 +383,8 @@ def log_to_mlflow(results: Results, comparison: dict[str, Any] | None, paths: li
         for metric, r in res.get("by_metric", {}).items():  # e.g. grpo_vs_sft/maj_at_k_strict/delta
             for key in ("delta", "p_value"):
                 metrics[metric_key(pair, metric, key)] = float(r[key])
-            metrics[metric_key(pair, metric, "ci95_low")], metrics[metric_key(pair, metric, "ci95_high")] = map(
-                float, r["ci95"]
-            )
+            (metrics[metric_key(pair, metric, "ci95_low")],
+             metrics[metric_key(pair, metric, "ci95_high")]) = map(float, r["ci95"])
     mlflow.log_metrics(metrics)
     backends = sorted({m["backend"] for m, _ in results.values()})
     tags = {f"{TAG_PREFIX}eval.backend": ",".join(backends)}

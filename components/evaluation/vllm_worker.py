@@ -151,7 +151,8 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     )
     prompts = [{"prompt_token_ids": list(ids)} for ids in request["prompt_token_ids"]]
     # vLLM's own progress bar (items/s) when asked: the stage shows it (a subprocess's output through
-    # components/evaluation/vllm_backend.py ConsoleFilter, which keeps the bars and leaves the INFO records to the log file).
+    # components/evaluation/vllm_backend.py ConsoleFilter, which keeps the bars and leaves the INFO records to
+    # the log file).
     outputs = llm.generate(prompts, sampling, use_tqdm=bool(request.get("progress", False)))
     t2 = time.perf_counter()
     k = int(request.get("num_samples") or 0)
@@ -186,7 +187,9 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
 def _ranks(engine_args: dict[str, Any]) -> int:
     """The engine's ranks (tensor x pipeline x data x prefill-context parallel); 0 where a size is not a number."""
     ranks = 1
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "prefill_context_parallel_size"):
+    for key in (
+        "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "prefill_context_parallel_size"
+    ):
         try:
             ranks *= int(engine_args.get(key) or 1)
         except (TypeError, ValueError):
@@ -254,7 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["serve"]:
         return run_server(args[1:])
     if len(args) != 2:
-        print("usage: python components/evaluation/vllm_worker.py REQUEST.json RESULT.json | serve ARGS...", file=sys.stderr)
+        print(
+            "usage: python components/evaluation/vllm_worker.py REQUEST.json RESULT.json | serve ARGS...",
+            file=sys.stderr,
+        )
         return 2
     with open(args[0], encoding="utf-8") as fh:
         request = json.load(fh)

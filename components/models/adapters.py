@@ -24,8 +24,8 @@ flavour, a copy in the registry) have the same identity.
                                            rollouts), the exact base weights restored on exit
 
 Readers that need plain weights (vLLM on CPU, `grpoflow serve`, the promotion gate) go through
-`resolve.resolve_model` (components/models/resolve.py), which merges an adapter into a temporary folder: the merged model is
-what the adapter computes, and greedy decoding of the two is compared item by item in the tests.
+`resolve.resolve_model` (components/models/resolve.py), which merges an adapter into a temporary folder: the merged
+model is what the adapter computes, and greedy decoding of the two is compared item by item in the tests.
 """
 
 from __future__ import annotations

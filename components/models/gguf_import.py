@@ -142,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m components.models.gguf_import", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m components.models.gguf_import", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("name_or_path", help="a built-in name (" + ", ".join(BUILTIN) + ") or gguf:PATH")
     args = parser.parse_args(argv)
     try:

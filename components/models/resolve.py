@@ -83,10 +83,14 @@ def fetch_base(base_uri: str, sha: str) -> Path:
         local = Path(mlflow.artifacts.download_artifacts(artifact_uri=base_uri, dst_path=str(tmp)))
         found = _find_dir(local, is_model_dir)
         if found is None:
-            raise EvaluationError(f"base model {base_uri}: no model folder (config.json + *.safetensors) in its artifacts")
+            raise EvaluationError(
+                f"base model {base_uri}: no model folder (config.json + *.safetensors) in its artifacts"
+            )
         got = adapters.weights_sha256(found)
         if got != sha:
-            raise EvaluationError(f"base model {base_uri}: its weights hash {got[:12]}… is not the recorded {sha[:12]}…")
+            raise EvaluationError(
+                f"base model {base_uri}: its weights hash {got[:12]}… is not the recorded {sha[:12]}…"
+            )
         if not cached.exists():  # another process may have cached it meanwhile
             os.replace(found, cached)
     finally:
@@ -122,7 +126,9 @@ def is_endpoint(spec: str) -> bool:
     return spec.startswith(("http://", "https://"))
 
 
-def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, params: Params | None = None) -> ResolvedModel:
+def resolve_model(
+    spec: str, download_dir: str | os.PathLike | None = None, params: Params | None = None
+) -> ResolvedModel:
     """A model folder for `spec`: a local folder, an MLflow URI (models:/NAME@ALIAS, runs:/...) or a hub id;
     or, for an http(s) URL, the base URL of an OpenAI-compatible endpoint (nothing downloaded)."""
     if is_endpoint(spec):
@@ -146,7 +152,8 @@ def resolve_model(spec: str, download_dir: str | os.PathLike | None = None, para
             return _registered_adapter(spec, local, adapter, params)
         if model_dir is None:
             raise EvaluationError(
-                f"model {spec}: no Hugging Face model folder (config.json + *.safetensors) in its artifacts at {local}; "
+                f"model {spec}: no Hugging Face model folder (config.json + *.safetensors) in its artifacts at "
+                f"{local}; "
                 "register models with the transformers flavour (pipelines/registry/register.py does)"
             )
         tok_dir = (

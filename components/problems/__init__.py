@@ -1,1 +1,2 @@
-"""Problems: where GSM8K-style problems come from (sources, the synthetic generator), their format and answer checking."""
+"""Problems: where GSM8K-style problems come from (sources, the synthetic generator), their format and answer
+checking."""

@@ -91,7 +91,7 @@ def equations(text: str) -> list[tuple[str, bool]]:
     [('(3 + 4) * 2 = 7 * 2', True), ('7 * 2 = 14', True), ('2 + 3 = 5 + 4', True), ('5 + 4 = 9', True), ('5 + 4 = 9 - 1', True), ('9 - 1 = 7', False)]
     >>> equations("20 apples - 5 + 3 = 18, 1/4 = 25%, 3:30 - 1 = 2:30, 12 = 12, 7 / 0 = 1, numbers 5, 6 + 1 = 7")
     [('7 / 0 = 1', False), ('6 + 1 = 7', True)]
-    """
+    """  # noqa: E501
     for old, new in _SPELLINGS:
         text = text.replace(old, new)
     text = _TIMES.sub(r"\1 * ", text)

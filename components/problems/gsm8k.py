@@ -118,7 +118,8 @@ def format_target(solution: str, gold: str) -> str:
     7
     </answer>
     """
-    return f"{REASONING_OPEN}\n{solution.strip()}\n{REASONING_CLOSE}\n{ANSWER_OPEN}\n{str(gold).strip()}\n{ANSWER_CLOSE}"
+    return (f"{REASONING_OPEN}\n{solution.strip()}\n{REASONING_CLOSE}\n"
+            f"{ANSWER_OPEN}\n{str(gold).strip()}\n{ANSWER_CLOSE}")
 
 
 def _strict_parts(text: str) -> tuple[str, str] | None:

@@ -27,7 +27,9 @@ def _step(a: int, op: str, b: int) -> tuple[int, str]:
     return c, f"{a} {op} {b} = <<{a}{op}{b}={c}>>{c}"
 
 
-def synthetic_problem(rng: random.Random, max_steps: int = 3, max_number: int = 20, min_steps: int = 1) -> dict[str, str]:
+def synthetic_problem(
+    rng: random.Random, max_steps: int = 3, max_number: int = 20, min_steps: int = 1
+) -> dict[str, str]:
     """One seeded word problem with a GSM8K-format answer (`min_steps` to `max_steps` steps).
 
     `max_number` bounds the starting amount and the amounts bought: with the defaults

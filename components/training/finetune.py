@@ -360,7 +360,8 @@ def history_rows(
     """
     names = names or {}
     logged = [
-        {"step": entry.get("step"), **{names.get(k, k): v for k, v in entry.items() if k != "step" and not is_timing(k)}}
+        {"step": entry.get("step"),
+         **{names.get(k, k): v for k, v in entry.items() if k != "step" and not is_timing(k)}}
         for entry in log_history
         if "train_runtime" not in entry and set(entry) - {"step", "epoch"}
     ]

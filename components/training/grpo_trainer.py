@@ -120,7 +120,8 @@ class GRPOFlowTrainer(GRPOTrainer):
         want = bool(getattr(self, "old_logps_from_rollout", False)) and self.model.training
         with unwrap_model_for_generation(self.model_wrapped, self.accelerator,  # as TRL's generate path
                                          gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                                         gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs) as model:
+                                         gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs
+                                         ) as model:
             out = rollouts.sample(model, prompt_ids, self.generation_config, self.max_completion_length,
                                   self.eos_token_ids, self._tokenizer.pad_token_id, logprobs=want)
         return out if want else (out, None)
@@ -158,9 +159,11 @@ class GRPOFlowTrainer(GRPOTrainer):
                 model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
         if cfg.logps_batching == "shared_prefix" and not self.accelerator.unwrap_model(model).is_gradient_checkpointing:
             lean = cfg.lean_logps and input_ids.device.type == "cpu"  # the lean head where TRL's fused one is slow
-            return logps.shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep, self.accelerator.autocast,
+            return logps.shared_prefix_logps(model, input_ids, attention_mask, logits_to_keep,
+                                             self.accelerator.autocast,
                                              temperature=self.temperature if lean else None,
-                                             entropy_grad=bool(getattr(self, "_entropy_bonus_enabled", False)), **kwargs)
+                                             entropy_grad=bool(getattr(self, "_entropy_bonus_enabled", False)),
+                                             **kwargs)
         return logps.unpadded_logps(super()._get_per_token_logps_and_entropies, model, input_ids, attention_mask,
                                     logits_to_keep, **kwargs)
 

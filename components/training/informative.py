@@ -119,8 +119,8 @@ def shuffle_groups(batch: dict[str, Any], group: int) -> dict[str, Any]:
 
     >>> import torch
     >>> _ = torch.manual_seed(0)
-    >>> b = {"prompt_ids": torch.arange(6)[:, None], "prompt_mask": torch.ones(6, 1), "completion_ids": torch.ones(6, 1),
-    ...      "completion_mask": torch.ones(6, 1)}
+    >>> b = {"prompt_ids": torch.arange(6)[:, None], "prompt_mask": torch.ones(6, 1),
+    ...      "completion_ids": torch.ones(6, 1), "completion_mask": torch.ones(6, 1)}
     >>> order = shuffle_groups(b, 2)["prompt_ids"].flatten().tolist()
     >>> sorted(order) == list(range(6)) and all(order[i] // 2 == order[i + 1] // 2 for i in (0, 2, 4))
     True
@@ -215,7 +215,8 @@ class InformativeGroupsMixin:
             found = [call for placeholder, call in deferred if placeholder is batch.get(key)]
             if not found:
                 continue
-            if key == "old_per_token_logps" and self.old_logps_from_rollout and out.get("sampling_per_token_logps") is not None:
+            if (key == "old_per_token_logps" and self.old_logps_from_rollout
+                    and out.get("sampling_per_token_logps") is not None):
                 out[key] = out["sampling_per_token_logps"]
             else:
                 out[key] = self._logps_of(key, out, *found[0])

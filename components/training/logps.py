@@ -136,7 +136,8 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
                 labels = tail.masked_fill(mask[:, cut:] == 0, -100)
                 out = model(input_ids=tail, attention_mask=mask, position_ids=position[:, cut:], labels=labels,
                             fused_lm_head=True, **{keyword: cache})
-                lp, ent = out.log_probs[:, -logits_to_keep:], (out.entropy[:, -logits_to_keep:] if compute_entropy else None)
+                lp, ent = (out.log_probs[:, -logits_to_keep:],
+                           out.entropy[:, -logits_to_keep:] if compute_entropy else None)
         logps.append(lp)
         if compute_entropy:
             entropies.append(ent)

@@ -53,7 +53,9 @@ def native_bf16() -> bool:
         return any(f in flags for f in (*X86_BF16, *ARM_BF16))
     if platform.system() == "Darwin":
         try:
-            out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True, timeout=5)
+            out = subprocess.run(
+                ["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True, timeout=5
+            )
             return out.stdout.strip() == "1"
         except OSError:
             return False

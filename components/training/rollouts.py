@@ -52,7 +52,8 @@ def supported(generation_config: Any) -> bool:
     >>> from transformers import GenerationConfig
     >>> supported(GenerationConfig(do_sample=True, temperature=0.8, top_k=0, top_p=1.0))
     True
-    >>> supported(GenerationConfig(do_sample=True, repetition_penalty=1.1)), supported(GenerationConfig(do_sample=False))
+    >>> (supported(GenerationConfig(do_sample=True, repetition_penalty=1.1)),
+    ...  supported(GenerationConfig(do_sample=False)))
     (False, False)
     """
     if not getattr(generation_config, "do_sample", False):
@@ -244,7 +245,8 @@ def sample(model: Any, prompt_ids: list[list[int]], generation_config: Any, max_
             chosen = None
             if logprobs:  # log-softmax of logits / T at the token: the scores themselves when T is the only warper
                 base = scores if only_temperature else logits.float() / temperature
-                chosen = (base.gather(1, token[:, None]) - torch.logsumexp(base, dim=-1, keepdim=True)).squeeze(1).tolist()
+                chosen = (base.gather(1, token[:, None])
+                          - torch.logsumexp(base, dim=-1, keepdim=True)).squeeze(1).tolist()
             for j, (i, t) in enumerate(zip(active.tolist(), token.tolist(), strict=True)):
                 if not ended[i]:
                     out[i].append(t)

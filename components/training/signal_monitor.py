@@ -64,7 +64,7 @@ class SignalMonitor:
     ['GRPO step 20: 85% of the groups had all rewards equal over the last 2 logs (threshold 70%): no learning signal; mean reward 0.015 of 1: the task looks too hard for the model (rewards all 0 in most groups)']
     >>> m.summary()
     {'frac_reward_zero_std_mean': 0.85, 'signal_warnings': 1}
-    """
+    """  # noqa: E501
 
     def __init__(
         self, window: int, zero_std: float = 0.70, flat_reward: float = 0.02, max_kl: float = 0.1,

@@ -4,7 +4,8 @@ with their strict accuracy and format rate added to the stage's summary.
 
 Not the evaluation engine (components/evaluation/generation.py, with its vLLM route): the training stages
 keep their own short greedy loop so that a change to evaluation code never re-runs SFT or GRPO
-(their dvc.yaml deps are their imports); the batching under both is components/models/batching.py. Used by components/training/finetune.py `train_and_save`.
+(their dvc.yaml deps are their imports); the batching under both is components/models/batching.py. Used by
+components/training/finetune.py `train_and_save`.
 """
 
 from __future__ import annotations

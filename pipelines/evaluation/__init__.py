@@ -1,1 +1,2 @@
-"""Evaluating any model outside the pipeline: `grpoflow evaluate` (a folder, a registered version or an endpoint) and `grpoflow grade` (any system's completions)."""
+"""Evaluating any model outside the pipeline: `grpoflow evaluate` (a folder, a registered version or an endpoint)
+and `grpoflow grade` (any system's completions)."""

@@ -204,7 +204,8 @@ class LineLog:
     ["Running stage 'sft'", '100%|##| 9/9', "{'loss': 1.2}", 'last']
     """
 
-    def __init__(self, emit: Callable[[str], object], every_s: float | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, emit: Callable[[str], object], every_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.emit, self.every_s, self.clock = emit, every_s, clock
         self.partial = ""
         self.last = clock()
@@ -387,7 +388,8 @@ def is_transient(tail: str) -> bool:
     return any(m in tail for m in TRANSIENT_MARKERS)
 
 
-if __name__ == "__main__":  # `python -m pipelines.execution.dvc_ops push-tracked|pull-tracked [STAGE...]` (push(), pull())
+# `python -m pipelines.execution.dvc_ops push-tracked|pull-tracked [STAGE...]` (push(), pull())
+if __name__ == "__main__":
     commands = {"push-tracked": _push_tracked, "pull-tracked": _pull_tracked}
     if sys.argv[1:2] == [] or sys.argv[1] not in commands:
         sys.exit("usage: python -m pipelines.execution.dvc_ops push-tracked|pull-tracked [STAGE...]")

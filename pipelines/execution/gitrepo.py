@@ -54,7 +54,8 @@ def changed_files(root: str | os.PathLike, *excluded: str) -> list[str]:
 
 
 def has_commit(root: str | os.PathLike, commit: str) -> bool:
-    return subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root, capture_output=True).returncode == 0
+    return subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root,
+                          capture_output=True).returncode == 0
 
 
 @contextlib.contextmanager

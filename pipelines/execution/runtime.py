@@ -102,8 +102,8 @@ class TemporaryServer:
             self.port = sock.getsockname()[1]
         # A session of its own: Ctrl-C in the terminal reaches the run, not its server, which records the
         # interrupted run and takes its last logs before stop() ends it (it still dies with this process).
-        self.proc = subprocess.Popen(prefect_server_command(self.port, self._prefect_dir), env={**os.environ, **SERVER_ENV},
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(prefect_server_command(self.port, self._prefect_dir),
+                                     env={**os.environ, **SERVER_ENV}, start_new_session=True)
 
     def use(self, timeout: float = SERVER_STARTUP_TIMEOUT_S) -> bool:
         """Wait until it answers, then point Prefect's settings at it; False (and stopped) when a Prefect
@@ -147,7 +147,9 @@ class TemporaryServer:
                 self._start()
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"Prefect's temporary server did not answer at {self.api_url} within {timeout:.0f} s")
+                raise RuntimeError(
+                    f"Prefect's temporary server did not answer at {self.api_url} within {timeout:.0f} s"
+                )
             time.sleep(0.05)
 
     def stop(self) -> None:

@@ -87,7 +87,8 @@ def timeout_s() -> float:
 def mlflow_http_settings(budget_s: float) -> dict[str, str]:
     """MLflow's HTTP settings that end a call to a server that does not answer within `budget_s`.
 
-    >>> mlflow_http_settings(30.0)["MLFLOW_HTTP_REQUEST_TIMEOUT"], mlflow_http_settings(300.0)["MLFLOW_HTTP_REQUEST_TIMEOUT"]
+    >>> (mlflow_http_settings(30.0)["MLFLOW_HTTP_REQUEST_TIMEOUT"],
+    ...  mlflow_http_settings(300.0)["MLFLOW_HTTP_REQUEST_TIMEOUT"])
     ('9', '99')
     """
     tries = MLFLOW_RETRIES + 1

@@ -93,7 +93,8 @@ def run_in_working_copy(
         if dvc_lock:
             write_text(work / "dvc.lock", dvc_lock)
         env = stage_env(parent_run_id, tracking_uri)
-        rc, tail = run_dvc(["remote", "add", "--local", "--default", "--force", "grpoflow-shared", remote_url], work, env)
+        rc, tail = run_dvc(["remote", "add", "--local", "--default", "--force", "grpoflow-shared", remote_url],
+                           work, env)
         if rc != 0:
             raise StageSetupError(f"DVC remote {remote_url}: {tail[-300:]}")
         upstream = upstream_stages(work, stage)

@@ -86,8 +86,10 @@ def steps_figure(metrics: dict[str, dict[str, Any]]):
             continue
         xs = [k + (i - (len(metrics) - 1) / 2) * 0.08 for k, _ in points]  # side by side, not on top
         ys = [float(p["accuracy_flexible"]) for _, p in points]
-        lows = [y - float((p.get("accuracy_flexible_ci95") or [y, y])[0]) for y, (_, p) in zip(ys, points, strict=True)]
-        highs = [float((p.get("accuracy_flexible_ci95") or [y, y])[1]) - y for y, (_, p) in zip(ys, points, strict=True)]
+        lows = [y - float((p.get("accuracy_flexible_ci95") or [y, y])[0])
+                for y, (_, p) in zip(ys, points, strict=True)]
+        highs = [float((p.get("accuracy_flexible_ci95") or [y, y])[1]) - y
+                 for y, (_, p) in zip(ys, points, strict=True)]
         ax.errorbar(xs, ys, yerr=[lows, highs], marker="o", capsize=4, label=model)
     ax.set_xticks(steps, [str(k) for k in steps])
     ax.set_xlabel("reasoning steps of the problem")
@@ -162,7 +164,8 @@ def log_figures(client: Any, run_id: str, metrics: dict[str, dict[str, Any]], gr
         by_steps = {model: {k: m.get(k) for k in ("by_steps", "target_band")} for model, m in metrics.items()}
         figures.append(("figures/accuracy_by_steps.png", by_steps, lambda: steps_figure(metrics)))
     if grpo_history is not None and grpo_history.is_file():
-        figures.append(("figures/grpo_training.png", [hashlib.sha256(grpo_history.read_bytes()).hexdigest(), reward_funcs],
+        figures.append(("figures/grpo_training.png",
+                        [hashlib.sha256(grpo_history.read_bytes()).hexdigest(), reward_funcs],
                         lambda: training_curves_figure(read_history(grpo_history), reward_funcs)))
     logged, used = [], set()
     for path, inputs, make in figures:

@@ -114,7 +114,8 @@ def close_stale_runs(client: Any, exp_id: str, by_run_id: str) -> list[str]:
     could close its run. Runs of other hosts are left alone (their processes cannot be checked).
     Returns a line per run it closed."""
     host = socket.gethostname()
-    runs = client.search_runs([exp_id], f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'", max_results=1000)
+    runs = client.search_runs([exp_id], f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{host}'",
+                              max_results=1000)
     closed = []
     for r in runs:
         pid = r.data.tags.get(PID_TAG, "")
@@ -133,7 +134,9 @@ def close_interrupted(client: Any, exp_id: str, run_id: str, stage: str) -> None
     what went away."""
     reason = f"interrupted during {stage or 'the pipeline run'}"
     try:
-        running = client.search_runs([exp_id], f"attributes.status = 'RUNNING' and tags.`mlflow.parentRunId` = '{run_id}'")
+        running = client.search_runs(
+            [exp_id], f"attributes.status = 'RUNNING' and tags.`mlflow.parentRunId` = '{run_id}'"
+        )
         for r in [*running, client.get_run(run_id)]:
             client.set_tag(r.info.run_id, KILLED_TAG, reason)
             client.set_terminated(r.info.run_id, "KILLED")
@@ -192,7 +195,8 @@ def lineage_versions(params: Params | None) -> dict[str, str]:
 def engine_tags(evaluated: dict[str, dict[str, Any]]) -> dict[str, str]:
     """What the evaluation reports say produced their numbers: the backends, and vLLM's version.
 
-    >>> engine_tags({"sft": {"backend": "vllm", "vllm_version": "0.32.0"}, "grpo": {"backend": "vllm", "vllm_version": "0.32.0"}})
+    >>> engine_tags({"sft": {"backend": "vllm", "vllm_version": "0.32.0"},
+    ...              "grpo": {"backend": "vllm", "vllm_version": "0.32.0"}})
     {'grpoflow.eval.backend': 'vllm', 'grpoflow.version.vllm': '0.32.0'}
     >>> engine_tags({"sft": {"backend": "transformers"}})
     {'grpoflow.eval.backend': 'transformers'}
@@ -278,7 +282,8 @@ def _stage_run_id(client, parent_run_id: str, s: StageResult) -> str | None:
     stage, lock_md5 = s.stage, s.lock_md5
     exp_ids = [client.get_run(parent_run_id).info.experiment_id]
     if s.status == "ran":
-        found = _latest_run(client, exp_ids, f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`{STAGE_TAG}` = '{stage}'")
+        found = _latest_run(client, exp_ids,
+                            f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`{STAGE_TAG}` = '{stage}'")
         if found:
             run_id = found.info.run_id
         else:  # a stage without its own tracking still gets its child run

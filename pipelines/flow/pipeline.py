@@ -97,7 +97,8 @@ def dvc_status(run: PipelineRun) -> bool:
     return dvc_ops.up_to_date(run.root)
 
 
-@task(name="dvc-pull", task_run_name="dvc-pull", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
+@task(name="dvc-pull", task_run_name="dvc-pull", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient,
+      cache_policy=NO_CACHE)
 def dvc_pull(run: PipelineRun, unchanged: bool = False) -> str:
     """Fetch DVC's run cache and the outputs dvc.lock records from the default remote, if it holds any."""
     name, url = default_remote(run.root)
@@ -140,7 +141,8 @@ def run_stage(stage: str, run: PipelineRun, placement: str = "local", unchanged:
     return StageResult(stage, stage_status(tail, before, after), seconds, entry_md5(after))
 
 
-@task(name="dvc-push", task_run_name="dvc-push", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient, cache_policy=NO_CACHE)
+@task(name="dvc-push", task_run_name="dvc-push", retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_transient,
+      cache_policy=NO_CACHE)
 def dvc_push(run: PipelineRun, unchanged: bool = False) -> str:
     """Send the outputs and the run cache to the default remote (what another clone restores from);
     not again when nothing changed since this dvc.lock was pushed there."""

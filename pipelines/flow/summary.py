@@ -42,7 +42,8 @@ DESCRIPTION_TAG = "mlflow.note.content"  # what the MLflow UI shows as the run's
 def backend_line(metrics: dict[str, dict[str, Any]]) -> str | None:
     """Which engine produced the evaluation, e.g. 'vllm 0.32.0' (one entry per distinct backend).
 
-    >>> backend_line({"sft": {"backend": "vllm", "vllm_version": "0.32.0"}, "grpo": {"backend": "vllm", "vllm_version": "0.32.0"}})
+    >>> backend_line({"sft": {"backend": "vllm", "vllm_version": "0.32.0"},
+    ...               "grpo": {"backend": "vllm", "vllm_version": "0.32.0"}})
     'vllm 0.32.0'
     >>> backend_line({"grpo": {"backend": "transformers"}}), backend_line({})
     ('transformers', None)
@@ -124,7 +125,8 @@ def reports(params: Params) -> dict[str, list[str]]:
     models = list(stage_models(params))
     pairs = [f"{a}_vs_{b}" for a, b in PAIRS if a in models and b in models]
     out: dict[str, list[str]] = {ev: [*(f"{m}.json" for m in models), "comparison.json", ACCURACY_CSV, STEPS_CSV,
-                                      *(f"{m}.items.jsonl" for m in models), *(f"{HEADLINE_DIR}/{m}.json" for m in models),
+                                      *(f"{m}.items.jsonl" for m in models),
+                                      *(f"{HEADLINE_DIR}/{m}.json" for m in models),
                                       *(pair_headline_file(p, stat) for p in pairs for stat in PAIR_STATISTICS)]}
     for section in (params.sft, params.selection, params.grpo):
         for path in (section.metrics_file, getattr(section, "history_file", None) or section.histogram_file):
@@ -136,7 +138,8 @@ def reports(params: Params) -> dict[str, list[str]]:
 def _model_line(s: RunSummary) -> str:
     reg = s.registration
     if isinstance(reg, Registration):
-        what = "registered (alias challenger)" if reg.created else "already registered (dvc.lock unchanged), no new version"
+        what = ("registered (alias challenger)" if reg.created
+                else "already registered (dvc.lock unchanged), no new version")
         return f"{reg.name} v{reg.version} {what}"
     return f"not registered ({reg.reason})"
 
@@ -180,7 +183,8 @@ def format_run_summary(s: RunSummary) -> str:
     lines.append(f"  mlflow: {s.tracking_uri} run {s.run_id}")
     ui = ui_address(s.tracking_uri)
     page = _page(s)
-    lines.append(f"  ui: {page}" if ui.rstrip("/") == s.tracking_uri.rstrip("/") else f"  ui: `grpoflow ui`, then {page}")
+    lines.append(f"  ui: {page}" if ui.rstrip("/") == s.tracking_uri.rstrip("/")
+                 else f"  ui: `grpoflow ui`, then {page}")
     return "\n".join(lines)
 
 
@@ -201,7 +205,8 @@ def summary_markdown(s: RunSummary) -> str:
                 return f"{m[key]:.3f}" if isinstance(m.get(key), (int, float)) else ""
 
             out.append(f"| {model} | {num('accuracy_strict')} | {_ci(m, 'accuracy_strict')} | "
-                       f"{num('accuracy_flexible')} | {_ci(m, 'accuracy_flexible')} | {num('format_rate')} | {m.get('n', '')} |")
+                       f"{num('accuracy_flexible')} | {_ci(m, 'accuracy_flexible')} | {num('format_rate')} | "
+                       f"{m.get('n', '')} |")
     for pair, text in headlines(s):
         out += ["", f"**{pair}** (same items): {text}"]
     out += ["", f"**Model:** {_model_line(s)}"]
@@ -223,7 +228,8 @@ def failure_markdown(error: BaseException | str, stages: list[StageResult]) -> s
     """A failed run's description: the error's first line first (a failed stage's own error line,
     pipelines/handoff.py failure_message), then the stages so far.
 
-    >>> print(failure_markdown("stage 'data' failed: data/x.jsonl line 3: no 'question'\\n(dvc exit 1)", [StageResult("data", "failed")]))
+    >>> print(failure_markdown("stage 'data' failed: data/x.jsonl line 3: no 'question'\\n(dvc exit 1)",
+    ...                        [StageResult("data", "failed")]))
     **Failed:** stage 'data' failed: data/x.jsonl line 3: no 'question'
     <BLANKLINE>
     | stage | status | seconds |
@@ -267,10 +273,11 @@ def time_line(total: float, startup: float, waited: float, tasks: list[tuple[str
 
     >>> time_line(9.0, 3.0, 0.5, [("dvc-status", 0.8), ("data", 0.0), ("publish", 1.5)])
     '  time: 9.0 s = start-up 3.0 s (0.5 s of it waiting for the Prefect server) + dvc-status 0.8 + publish 1.5 + other 3.7 s'
-    """
+    """  # noqa: E501
     shown = [(name, s) for name, s in tasks if s >= 0.05]
     rest = max(total - startup - sum(s for _, s in tasks), 0.0)
-    parts = [f"start-up {startup:.1f} s" + (f" ({waited:.1f} s of it waiting for the Prefect server)" if waited >= 0.05 else "")]
+    parts = [f"start-up {startup:.1f} s"
+             + (f" ({waited:.1f} s of it waiting for the Prefect server)" if waited >= 0.05 else "")]
     parts += [f"{name} {s:.1f}" for name, s in shown]
     return f"  time: {total:.1f} s = " + " + ".join(parts) + f" + other {rest:.1f} s"
 
@@ -289,6 +296,7 @@ def task_seconds(parent_run_id: str) -> list[tuple[str, float]]:
         return []
     with get_client(sync_client=True) as client:
         runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])), sort=TaskRunSort.EXPECTED_START_TIME_ASC,
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+            sort=TaskRunSort.EXPECTED_START_TIME_ASC,
         )
     return [(r.name, r.total_run_time.total_seconds()) for r in runs]

@@ -46,7 +46,8 @@ def mlflow_server_command(uri: str, artifact_root: str | None, host: str, port: 
 
 
 def cli_ui(args: argparse.Namespace) -> int:
-    require_auth_beyond_loopback(args.host, bool(args.app_name), "turn on MLflow's authentication with --app-name basic-auth "
+    require_auth_beyond_loopback(args.host, bool(args.app_name),
+                                 "turn on MLflow's authentication with --app-name basic-auth "
                                  "(the first admin from MLFLOW_AUTH_ADMIN_USERNAME / MLFLOW_AUTH_ADMIN_PASSWORD)")
     params = load_params(args.params, args.overrides)
     uri = resolve_tracking_uri(params)

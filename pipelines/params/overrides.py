@@ -54,7 +54,9 @@ def write_overrides(path: str | os.PathLike, overrides: typing.Iterable[str]) ->
     yaml_rt.representer.add_representer(
         type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", "null")
     )
-    yaml_rt.representer.add_representer(float, lambda r, v: r.represent_scalar("tag:yaml.org,2002:float", yaml_float(v)))
+    yaml_rt.representer.add_representer(
+        float, lambda r, v: r.represent_scalar("tag:yaml.org,2002:float", yaml_float(v))
+    )
     data = yaml_rt.load(path.read_text()) if path.exists() else None
     if data is None:
         data = {}
@@ -86,14 +88,15 @@ REMOTE_OVERRIDES = (
     "data.train_source", "data.test_source",  # synthetic or hf:NAME only
     "model.name_or_path", "model.revision", "model.dtype", "model.seed", "model.tiny_*",
     "sft.resume", "sft.demo_*", "sft.dev_*", "sft.plateau_*", "sft.sample_size", "sft.use_lora", "sft.lora.*",
-    "selection.max_candidates", "selection.num_samples", "selection.mode", "selection.keep_*", "selection.min_pass_rate",
-    "selection.max_pass_rate", "selection.min_prompts", "selection.max_new_tokens", "selection.backend", "selection.seed",
+    "selection.max_candidates", "selection.num_samples", "selection.mode", "selection.keep_*",
+    "selection.min_pass_rate", "selection.max_pass_rate", "selection.min_prompts", "selection.max_new_tokens",
+    "selection.backend", "selection.seed",
     *(f"sft.trainer.{k}" for k in _TRAINER_NUMBERS),
     "grpo.resume", "grpo.sample_size", "grpo.dev_size", "grpo.dev_every", "grpo.use_lora", "grpo.lora.*",
     *(f"grpo.trainer.{k}" for k in (*_GRPO_RECIPE_NUMBERS, *_TRAINER_NUMBERS)),
     "rewards.funcs", "rewards.weights",  # registry names only, no package.module:function
-    "evaluate.include_base", "evaluate.target_band", "evaluate.limit", "evaluate.protocol", "evaluate.backend", "evaluate.max_new_tokens",
-    "evaluate.batch_size", "evaluate.dtype", "evaluate.num_samples", "evaluate.num_fewshot",
+    "evaluate.include_base", "evaluate.target_band", "evaluate.limit", "evaluate.protocol", "evaluate.backend",
+    "evaluate.max_new_tokens", "evaluate.batch_size", "evaluate.dtype", "evaluate.num_samples", "evaluate.num_fewshot",
     "evaluate.fewshot_seed", "evaluate.primary_metric", "evaluate.seed", "evaluate.log_items_table",
     "register.enabled", "register.alpha", "register.min_delta", "register.min_items",
 )
@@ -113,7 +116,8 @@ def check_remote_overrides(overrides: typing.Iterable[str]) -> None:
                 f"override {text!r}: {full} cannot be set by a remote run (paths, code and services are "
                 "fixed by the worker's checkout); allowed keys: pipelines/params/overrides.py REMOTE_OVERRIDES"
             )
-        if full in ("data.train_source", "data.test_source") and not (value == "synthetic" or str(value).startswith("hf:")):
+        if (full in ("data.train_source", "data.test_source")
+                and not (value == "synthetic" or str(value).startswith("hf:"))):
             raise ConfigError(f"override {text!r}: a remote run reads synthetic or hf: data only, not files")
         if full == "rewards.funcs" and any(":" in str(f) for f in (value if isinstance(value, list) else [value])):
             raise ConfigError(f"override {text!r}: a remote run picks rewards by registry name, not by code path")

@@ -30,7 +30,8 @@ def names(folder: Path = PRESETS_DIR) -> list[str]:
 def override_list(mapping: dict[str, Any], prefix: str = "") -> list[str]:
     """`section.key=value` overrides of a nested params mapping; the values as YAML (flow style).
 
-    >>> override_list({"model": {"name_or_path": "gguf:x.gguf"}, "sft": {"trainer": {"max_steps": 4}, "lora": {"target_modules": ["q_proj"]}}})
+    >>> override_list({"model": {"name_or_path": "gguf:x.gguf"},
+    ...                "sft": {"trainer": {"max_steps": 4}, "lora": {"target_modules": ["q_proj"]}}})
     ['model.name_or_path=gguf:x.gguf', 'sft.trainer.max_steps=4', 'sft.lora.target_modules=[q_proj]']
     """
     out = []
@@ -39,7 +40,8 @@ def override_list(mapping: dict[str, Any], prefix: str = "") -> list[str]:
         if isinstance(value, dict) and value:
             out += override_list(value, f"{path}.")
         else:
-            out.append(f"{path}={yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix('...').strip()}")
+            out.append(f"{path}=" + yaml.safe_dump(value, default_flow_style=True, width=10**6)
+                       .strip().removesuffix("...").strip())
     return out
 
 

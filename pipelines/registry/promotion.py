@@ -83,9 +83,10 @@ def correctness_and_format(challenger: dict[str, dict[str, Any]], champion: dict
     >>> correctness_and_format(ch, old, "2", "1", 0.05).endswith("the gain is format, not correctness")
     True
     >>> print(correctness_and_format({k: {**r, "correct_checked": int(k) < 20} for k, r in ch.items()},
-    ...                              {k: {**r, "correct_checked": int(k) < 25} for k, r in old.items()}, "2", "1", 0.05))
+    ...                              {k: {**r, "correct_checked": int(k) < 25} for k, r in old.items()},
+    ...                              "2", "1", 0.05))
     accuracy_checked (right, no equation shown wrong) champion v1 25.0% -> v2 20.0%, -5.0 points (95% CI -10.2 to -0.1), exact McNemar p = 0.062; correctness (accuracy_flexible, the answer is right) 32.0% -> 30.0%, -2.0 points (95% CI -5.6 to +1.6), exact McNemar p = 0.5; format (the answer is tagged) 10.0% -> 100.0%; accuracy_strict (right and tagged) 5.0% -> 30.0%, +25.0 points, p = 6e-08: the gain is format, not correctness
-    """
+    """  # noqa: E501
     from components.evaluation.stats import compare_paired
 
     shared = sorted(set(challenger) & set(champion))
@@ -109,10 +110,12 @@ def compare_with_champion(
 ) -> tuple[bool, dict[str, Any]]:
     """Paired comparison on the shared items; (promote?, numbers).
 
-    >>> ok, n = compare_with_champion({str(i): i < 60 for i in range(100)}, {str(i): i < 40 for i in range(100)}, 0.05, 0.0)
+    >>> ok, n = compare_with_champion({str(i): i < 60 for i in range(100)}, {str(i): i < 40 for i in range(100)},
+    ...                               0.05, 0.0)
     >>> ok, n["delta"], n["b"], n["c"], n["p_value"] < 1e-5
     (True, 0.2, 20, 0, True)
-    >>> compare_with_champion({str(i): i < 60 for i in range(100)}, {str(i): i < 40 for i in range(100)}, 0.05, 0.0, 200)[0]
+    >>> compare_with_champion({str(i): i < 60 for i in range(100)}, {str(i): i < 40 for i in range(100)},
+    ...                       0.05, 0.0, 200)[0]
     False
     """
     from components.evaluation.stats import compare_paired
@@ -166,7 +169,9 @@ def eval_settings(tags: dict[str, str]) -> dict[str, str | None]:
     return {k: tags.get(f"eval.{k}") for k in EVAL_KEYS}
 
 
-def reevaluate(params: Params, name: str, version: str, root: Path, test_sha256: str | None) -> dict[str, dict[str, Any]]:
+def reevaluate(
+    params: Params, name: str, version: str, root: Path, test_sha256: str | None
+) -> dict[str, dict[str, Any]]:
     """Evaluate registered `version` on the challenger's items with the challenger's settings
     (`params.evaluate`); {item id: scored item}."""
     from components.evaluation.scoring import data_source, evaluate_model
@@ -197,7 +202,9 @@ def needs_reevaluation(challenger_tags: dict[str, str], champion_tags: dict[str,
     return eval_settings(challenger_tags) != theirs or None in theirs.values() or not champion_tags.get(ITEMS_TAG)
 
 
-def _compare(params: Params, mv, champion, challenger_rows, champion_rows, reevaluated: bool, checked: bool) -> Decision:
+def _compare(
+    params: Params, mv, champion, challenger_rows, champion_rows, reevaluated: bool, checked: bool
+) -> Decision:
     """The gate's decision on the shared items (the target band's, when set); nothing written."""
     name, version, reg = mv.name, str(mv.version), params.register
     metric = params.evaluate.primary_metric  # the gate's metric (docs/registry.md says why strict by default)

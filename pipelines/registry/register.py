@@ -135,7 +135,8 @@ def metrics_table(metrics: dict[str, dict[str, Any]], comparison: dict[str, Any]
     | sft | 0.2500 | 600 |
     | grpo | 0.3000 | 600 |
     """
-    order = [m for m in ("base", "sft", "grpo") if m in metrics] + [m for m in metrics if m not in ("base", "sft", "grpo")]
+    order = ([m for m in ("base", "sft", "grpo") if m in metrics]
+             + [m for m in metrics if m not in ("base", "sft", "grpo")])
     keys = [k for k in TABLE_KEYS if any(k in metrics[m] for m in order)]
     if not order or not keys:
         return "No evaluation metrics were found."
@@ -256,7 +257,9 @@ def register_base(client, name: str, base_dir: Path, ref: adapters.BaseRef, run_
 # --------------------------------------------------------------------------- register
 
 
-def register(params: Params, lineage: dict[str, str], run_id: str, root: str | os.PathLike | None = None) -> Registration:
+def register(
+    params: Params, lineage: dict[str, str], run_id: str, root: str | os.PathLike | None = None
+) -> Registration:
     """Register the model folder as a new version (once per dvc.lock md5) and alias it challenger."""
     import mlflow
 
@@ -279,7 +282,9 @@ def register(params: Params, lineage: dict[str, str], run_id: str, root: str | o
     eval_dir = root / params.evaluate.output_dir
     items = items_path(params, root)
     if not items.is_file():
-        raise RegistryError(f"{items}: evaluation items missing; the promotion gate needs them (run the evaluate stage)")
+        raise RegistryError(
+            f"{items}: evaluation items missing; the promotion gate needs them (run the evaluate stage)"
+        )
     read_items(items)  # fail before registering anything if the file is malformed
     items_sha256 = sha256_file(items)  # before the upload: what the gate will find, unless changed after
     metrics = read_metrics(eval_dir)

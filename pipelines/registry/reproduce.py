@@ -18,7 +18,8 @@
    `mlflow.db`: nothing is written to this checkout's tracking store.
 4. Prints the recorded metrics beside the re-derived ones (timings are shown, not compared)
    and which stage outputs came out byte-identical (dvc.lock md5s; the stages' summaries hold
-   timings, so they differ); writes `reproduce.json` in the working copy. Exit 0 only when every compared metric is identical (within --tolerance).
+   timings, so they differ); writes `reproduce.json` in the working copy. Exit 0 only when every compared metric is
+   identical (within --tolerance).
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def compare_metrics(
     """One row per recorded metric: recorded, reproduced, difference and a status (same | within
     tolerance | differs | missing | timing).
 
-    >>> rows = compare_metrics({("grpo", "n"): 20.0, ("grpo", "load_seconds"): 3.0}, {"grpo": {"n": 20, "load_seconds": 9.0}}, 0)
+    >>> rows = compare_metrics({("grpo", "n"): 20.0, ("grpo", "load_seconds"): 3.0},
+    ...                        {"grpo": {"n": 20, "load_seconds": 9.0}}, 0)
     >>> [(r["key"], r["status"]) for r in rows]
     [('load_seconds', 'timing'), ('n', 'same')]
     """
@@ -84,7 +86,8 @@ def compare_metrics(
             row["status"] = "missing"
         else:
             row["diff"] = float(new) - value
-            row["status"] = "same" if new == value else "within tolerance" if abs(row["diff"]) <= tolerance else "differs"
+            row["status"] = ("same" if new == value
+                             else "within tolerance" if abs(row["diff"]) <= tolerance else "differs")
         rows.append(row)
     return rows
 
@@ -121,7 +124,8 @@ def timed_files(params: Params) -> set[str]:
 def caveats(version_tags: dict[str, str], run_tags: dict[str, str], params: Params | None = None) -> list[str]:
     """What keeps this reproduction from being exact, each naming its cause.
 
-    >>> caveats({"lineage.git_dirty": "true", "lineage.git_commit": "abc"}, {"grpoflow.version.nosuchpkg": "1.0"})[0][:40]
+    >>> caveats({"lineage.git_dirty": "true", "lineage.git_commit": "abc"},
+    ...         {"grpoflow.version.nosuchpkg": "1.0"})[0][:40]
     'the working tree was dirty at registrati'
     """
     out = []
@@ -194,7 +198,9 @@ def reproduce(params: Params, name: str, version: str, workdir: str | None, from
     try:
         mv = client.get_model_version(name, str(version))
     except Exception as exc:
-        raise RegistryError(f"{name} v{version}: not in the registry at {mlflow.get_tracking_uri()} ({str(exc)[:200]})") from None
+        raise RegistryError(
+            f"{name} v{version}: not in the registry at {mlflow.get_tracking_uri()} ({str(exc)[:200]})"
+        ) from None
     tags = dict(mv.tags)
     missing = [t for t in ("lineage.git_commit", "lineage.pipeline_run_id") if not tags.get(t)]
     if missing:
@@ -208,7 +214,8 @@ def reproduce(params: Params, name: str, version: str, workdir: str | None, from
     for note in notes:
         print(f"  - {note}")
 
-    dest = Path(workdir).resolve() if workdir else Path(tempfile.mkdtemp(prefix=f"grpoflow-reproduce-{name}-v{version}-"))
+    dest = (Path(workdir).resolve() if workdir
+            else Path(tempfile.mkdtemp(prefix=f"grpoflow-reproduce-{name}-v{version}-")))
     _working_copy(root, commit, dest)
     restored = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -253,7 +260,8 @@ def reproduce(params: Params, name: str, version: str, workdir: str | None, from
         {"name": name, "version": str(version), "commit": commit, "pipeline_run_id": run_id, "caveats": notes,
          "from_cache": from_cache, "tolerance": tolerance, "metrics": rows, "outputs": outputs, "ok": ok}
     )})
-    print(f"\nmetrics of {name} v{version}: recorded vs re-derived ({'outputs restored, evaluate re-run' if from_cache else 'every stage re-run'})")
+    print(f"\nmetrics of {name} v{version}: recorded vs re-derived "
+          f"({'outputs restored, evaluate re-run' if from_cache else 'every stage re-run'})")
     print(format_table(rows))
     same = [p for p, status in outputs.items() if status == "identical"]
     print(f"stage outputs byte-identical (dvc.lock md5): {len(same)} of {len(outputs)}")
@@ -265,7 +273,8 @@ def reproduce(params: Params, name: str, version: str, workdir: str | None, from
     if ok:
         same = sum(r["status"] == "same" for r in compared)
         print(f"reproduced: {same} of {len(compared)} metrics identical"
-              + (f", the rest within {tolerance}" if same < len(compared) else "") + f"; report {dest / 'reproduce.json'}")
+              + (f", the rest within {tolerance}" if same < len(compared) else "")
+              + f"; report {dest / 'reproduce.json'}")
         return 0
     print(f"not reproduced: {len(bad)} of {len(compared)} metrics differ or are missing"
           + (f" (tolerance {tolerance})" if tolerance else "") + f"; report {dest / 'reproduce.json'}")

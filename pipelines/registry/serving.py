@@ -56,7 +56,8 @@ API_KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable: its server reads it when --
 
 def check_bind(host: str, api_key: str | None) -> None:
     """Refuse to put a model on the network without a key; loopback stays key-free."""
-    services.require_auth_beyond_loopback(host, bool(api_key), f"give an API key with --api-key KEY or {API_KEY_ENV}=KEY (clients "
+    services.require_auth_beyond_loopback(host, bool(api_key),
+                                          f"give an API key with --api-key KEY or {API_KEY_ENV}=KEY (clients "
                                           "send it as 'Authorization: Bearer KEY')")
 
 
@@ -101,7 +102,8 @@ def example_requests(base_url: str, model: str, max_tokens: int, keyed: bool = F
             "python (pip install openai):",
             *("  " + line for line in python.splitlines()),
             "evaluate it like the evaluate stage does:",
-            f"  {'OPENAI_API_KEY=$' + API_KEY_ENV + ' ' if keyed else ''}grpoflow evaluate --model {base_url} --limit 20",
+            f"  {'OPENAI_API_KEY=$' + API_KEY_ENV + ' ' if keyed else ''}grpoflow evaluate --model {base_url} "
+            "--limit 20",
         ]
     )
 
@@ -113,9 +115,12 @@ def wait_until_ready(proc: subprocess.Popen, base_url: str, timeout: float = REA
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise BackendError(f"the vLLM server exited with code {proc.returncode} before it answered (see its log above)")
+            raise BackendError(
+                f"the vLLM server exited with code {proc.returncode} before it answered (see its log above)"
+            )
         try:
-            with urllib.request.urlopen(urllib.request.Request(base_url + "/models", headers=headers), timeout=5) as resp:
+            with urllib.request.urlopen(urllib.request.Request(base_url + "/models", headers=headers),
+                                        timeout=5) as resp:
                 if resp.status == 200:
                     return
         except OSError:

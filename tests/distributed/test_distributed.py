@@ -89,5 +89,6 @@ def test_every_stage_on_a_work_pool_gives_the_local_result(services, tmp_path):
     got, want = metrics(repo), metrics(local)
     for model in ("sft", "grpo"):
         assert {k: got[model][k] for k in SAME} == {k: want[model][k] for k in SAME}, model
-    items = [(repo / "reports/eval" / "grpo.items.jsonl").read_text(), (local / "reports/eval/grpo.items.jsonl").read_text()]
+    items = [(repo / "reports/eval" / "grpo.items.jsonl").read_text(),
+             (local / "reports/eval/grpo.items.jsonl").read_text()]
     assert items[0] == items[1]

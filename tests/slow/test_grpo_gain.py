@@ -80,4 +80,5 @@ def test_the_control_of_a_lora_recipe_trains_over_the_merged_sft_model(tmp_path,
     result = json.loads(capsys.readouterr().out)
     assert result["sft_continued_steps"] >= 1 and 0.0 <= result["sft_continued_accuracy_flexible"] <= 1.0
     work = tmp_path / "gain" / "models"
-    assert json.loads((work / "sft_continued" / "grpoflow_adapter.json").read_text())["base_dir"] == "models/sft_continued_base"
+    assert (json.loads((work / "sft_continued" / "grpoflow_adapter.json").read_text())["base_dir"]
+            == "models/sft_continued_base")

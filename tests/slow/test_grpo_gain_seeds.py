@@ -55,11 +55,13 @@ def test_seeds_run_the_recipe_per_data_seed_and_pool_the_items(tmp_path, capsys)
         items = {m: {json.loads(x)["id"]: json.loads(x) for x in open(keep / f"seed-{s}" / "items" / f"{m}.jsonl")}
                  for m in ("sft", "grpo")}
         for i, g in items["grpo"].items():
-            pairs["target" if g["steps"] == 3 else "in_band"].append((g["correct_flexible"], items["sft"][i]["correct_flexible"]))
+            pairs["target" if g["steps"] == 3 else "in_band"].append(
+                (g["correct_flexible"], items["sft"][i]["correct_flexible"]))
     pooled = result["pooled"]
     for part, rows in pairs.items():
         expected = compare_paired([g for g, _ in rows], [s for _, s in rows])
         assert pooled[part]["n"] == expected["n"]
         assert pooled[part]["delta"] == expected["delta"] and pooled[part]["p_value"] == expected["p_value"]
     assert pooled["target"]["n"] + pooled["in_band"]["n"] == 16
-    assert (pooled["n"], pooled["delta"]) == (pooled["target"]["n"], pooled["target"]["delta"])  # the headline: the band
+    # the headline: the band
+    assert (pooled["n"], pooled["delta"]) == (pooled["target"]["n"], pooled["target"]["delta"])

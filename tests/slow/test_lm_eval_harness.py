@@ -79,7 +79,8 @@ def harness_task(include_dir: Path, gsm8k_dir: Path) -> str:
     include_dir.mkdir(parents=True)
     (include_dir / "gsm8k_local.yaml").write_text(
         f"include: {gsm8k_yaml}\ntask: gsm8k_local\ndataset_path: json\ndataset_name: null\n"
-        f"dataset_kwargs:\n  data_files:\n    train: {gsm8k_dir / 'train.jsonl'}\n    test: {gsm8k_dir / 'test.jsonl'}\n"
+        f"dataset_kwargs:\n  data_files:\n    train: {gsm8k_dir / 'train.jsonl'}\n"
+        f"    test: {gsm8k_dir / 'test.jsonl'}\n"
     )
     return "gsm8k_local"
 
@@ -149,7 +150,8 @@ def test_lm_eval_protocol_answers_as_the_harness_gsm8k_task(tmp_path, monkeypatc
         assert harness.returncode == 0, harness.stderr[-3000:]
 
     metrics = json.loads((out / f"endpoint-127.0.0.1-{server.port}.json").read_text())
-    items = [json.loads(line) for line in (out / f"endpoint-127.0.0.1-{server.port}.items.jsonl").read_text().splitlines()]
+    items = [json.loads(line)
+             for line in (out / f"endpoint-127.0.0.1-{server.port}.items.jsonl").read_text().splitlines()]
     assert metrics["fewshot_source"] == f"jsonl:{gsm8k_dir / 'train.jsonl'}" and metrics["n"] == len(items) == 100
     (samples_file,) = (tmp_path / "harness").rglob(f"samples_{task}_*.jsonl")
     samples = [json.loads(line) for line in samples_file.read_text().splitlines()]
@@ -160,7 +162,8 @@ def test_lm_eval_protocol_answers_as_the_harness_gsm8k_task(tmp_path, monkeypatc
     # The harness's contexts are build_fewshot_prompts' prompts (GSM8K train given: its sampler, its text).
     test = load_problems(f"jsonl:{gsm8k_dir / 'test.jsonl'}")
     train = load_problems(f"jsonl:{gsm8k_dir / 'train.jsonl'}", split="train")
-    prompts = lm_eval_gsm8k.build_fewshot_prompts([p["question"] for p in test], [{"question": r["question"], "answer": r["answer"]} for r in train])
+    prompts = lm_eval_gsm8k.build_fewshot_prompts([p["question"] for p in test],
+                                                  [{"question": r["question"], "answer": r["answer"]} for r in train])
     contexts = [strict[i]["arguments"]["gen_args_0"]["arg_0"] for i in range(100)]
     assert [i for i in range(100) if contexts[i] != prompts[i]] == []
 

@@ -63,7 +63,8 @@ def test_a_dvc_experiment_compared_with_the_committed_baseline(baseline, tmp_pat
     assert all(r["kl"] == "nan" for r in rows(repo / "reports/train/grpo_history.csv"))
     dvc(repo, env, "plots", "show", "-o", str(tmp_path / "show"))
     html = (tmp_path / "show" / "index.html").read_text()
-    assert "GRPO reward per function (mean)" in html and '"field": "accuracy"' in html and "Accuracy (flexible) by number of reasoning steps" in html
+    assert ("GRPO reward per function (mean)" in html and '"field": "accuracy"' in html
+            and "Accuracy (flexible) by number of reasoning steps" in html)
     assert "Accuracy per model (95% Wilson interval)" in html and '"ci_high"' in html
     dvc(repo, env, "plots", "diff", "HEAD", "-o", str(tmp_path / "diff"))
     html = (tmp_path / "diff" / "index.html").read_text()

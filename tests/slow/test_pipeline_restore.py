@@ -59,7 +59,8 @@ def test_kill_9_during_sft_leaves_nothing_running_and_the_next_run_resumes(basel
              "end of the killed run's processes")
 
     # DVC removed models/sft when the stage started; dvc.lock still names the previous one.
-    restored = subprocess.run([sys.executable, "-m", "dvc", "checkout", "sft"], cwd=repo, capture_output=True, text=True)
+    restored = subprocess.run([sys.executable, "-m", "dvc", "checkout", "sft"], cwd=repo, capture_output=True,
+                              text=True)
     assert restored.returncode == 0, restored.stderr
     assert sha256_file(repo / "models/sft/model.safetensors") == before
 

@@ -100,7 +100,8 @@ def test_smollm2_through_the_pipeline_registered_and_served(tmp_path):
         assert adapters.is_adapter_dir(repo / "models" / name) and size(repo / "models" / name) < 60e6, name
     assert versions[0].tags["grpoflow.kind"] == "adapter"
     assert versions[0].tags["lineage.base_model"] == "models:/grpoflow-policy-base/1"
-    version_files = Path(mlflow.artifacts.download_artifacts("models:/grpoflow-policy/1", dst_path=str(tmp_path / "v1")))
+    version_files = Path(mlflow.artifacts.download_artifacts("models:/grpoflow-policy/1",
+                                                             dst_path=str(tmp_path / "v1")))
     assert size(version_files) < 60e6, size(version_files)
     # What the run adds to DVC's stores beyond the base model (pushed by the flow; the remote is the checkout's).
     base_bytes = size(repo / "models/base")
@@ -109,11 +110,13 @@ def test_smollm2_through_the_pipeline_registered_and_served(tmp_path):
           f"registered version {size(version_files)}, models/base {base_bytes}, .dvc/cache {cache_bytes}, "
           f"DVC remote {remote_bytes} bytes")
     assert 0 < cache_bytes - base_bytes <= 80e6 and 0 < remote_bytes - base_bytes <= 80e6, (cache_bytes, remote_bytes)
-    run([py, "-m", "pipelines.cli", "evaluate", "--model", "models:/grpoflow-policy@champion", "--limit", "5"], repo, env)
+    run([py, "-m", "pipelines.cli", "evaluate", "--model", "models:/grpoflow-policy@champion", "--limit", "5"],
+        repo, env)
 
     # Every stage again from scratch in a clean copy at the version's commit: the same metrics.
     work = tmp_path / "reproduced"
-    run([py, "-m", "pipelines.cli", "reproduce", "grpoflow-policy", "1", "--workdir", str(work)], repo, env, timeout=2400)
+    run([py, "-m", "pipelines.cli", "reproduce", "grpoflow-policy", "1", "--workdir", str(work)], repo, env,
+        timeout=2400)
     compared = [r for r in json.loads((work / "reproduce.json").read_text())["metrics"] if r["status"] != "timing"]
     assert compared and [r for r in compared if r["status"] != "same"] == []
 

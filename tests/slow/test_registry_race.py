@@ -104,7 +104,9 @@ class Workers:
             p.wait(timeout=60)
 
 
-def set_up_round(client, r: int, items_run: str, items_uri: str, workers: Workers) -> tuple[str, str | None, list[dict]]:
+def set_up_round(
+    client, r: int, items_run: str, items_uri: str, workers: Workers
+) -> tuple[str, str | None, list[dict]]:
     """A fresh registered model: the scenario's champion history, then one version per gate or forced
     promotion; the commands for the eight processes (shuffled), and the champion before the round."""
     rng = random.Random(r)
