@@ -98,13 +98,18 @@ def write(name: str, found: list[str]) -> None:
     lock_path(name).write_text("\n".join(head + found) + "\n")
 
 
+def normalize(name: str) -> str:
+    """A package name as pip compares them (PEP 503): `Flask_WTF` and `flask-wtf` are one package."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def read(name: str) -> dict[str, str]:
     """{normalized name: version} of a lock file."""
     out = {}
     for line in lock_path(name).read_text().splitlines():
         if line and not line.startswith("#"):
             pkg, _, version = line.partition("==")
-            out[re.sub(r"[-_.]+", "-", pkg).lower()] = version.strip()
+            out[normalize(pkg)] = version.strip()
     return out
 
 

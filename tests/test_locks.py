@@ -6,7 +6,6 @@ Whether the sets still resolve against the package index is tests/slow/test_lock
 from __future__ import annotations
 
 import importlib.util
-import re
 import tomllib
 from pathlib import Path
 
@@ -21,10 +20,6 @@ spec.loader.exec_module(lock)
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 # The packages whose private names the code overrides, reads or patches (tests/test_private_names.py).
 BOUNDED = ("trl", "transformers", "peft", "vllm")
-
-
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def requirements(extras: tuple[str, ...]) -> list[Requirement]:
@@ -48,7 +43,7 @@ def test_each_lock_pins_the_project_requirements_inside_their_bounds(name, extra
     for req in requirements(extras):
         if req.marker and not req.marker.evaluate({"extra": ""}):
             continue
-        version = pins.get(norm(req.name))
+        version = pins.get(lock.normalize(req.name))
         assert version, f"{name}.lock does not pin {req.name}: re-run `make lock`"
         assert req.specifier.contains(Version(version), prereleases=True), (
             f"{name}.lock pins {req.name}=={version}, outside pyproject.toml's {req}: re-run `make lock`")
@@ -56,7 +51,7 @@ def test_each_lock_pins_the_project_requirements_inside_their_bounds(name, extra
 
 @pytest.mark.parametrize("package", BOUNDED)
 def test_packages_whose_internals_the_code_uses_are_bounded_below_their_next_minor(package):
-    req = next(r for r in requirements(("vllm",)) if norm(r.name) == package)
+    req = next(r for r in requirements(("vllm",)) if lock.normalize(r.name) == package)
     upper = [s for s in req.specifier if s.operator == "<"]
     assert upper, f"pyproject.toml: {req} has no upper bound"
     pinned = Version(lock.read("cuda")[package])

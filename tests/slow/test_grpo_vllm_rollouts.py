@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -23,14 +22,7 @@ import tests.slow.test_training as training
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
-
-
-def stage(workdir: Path, python: Path, module: str, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**training._env(workdir), "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    args = [str(python), "-m", f"components.{module}", "--params", "params.yaml"]
-    for o in overrides:
-        args += ["-S", o]
-    return subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 def test_grpo_runs_with_trls_vllm_rollouts_on_a_cpu(tmp_path, monkeypatch):
@@ -40,10 +32,10 @@ def test_grpo_runs_with_trls_vllm_rollouts_on_a_cpu(tmp_path, monkeypatch):
     monkeypatch.setitem(training.TINY_PARAMS, "model", model)
     workdir = training.make_workdir(tmp_path)
     for module, overrides in (("sft", ()), ("selection", ("selection.num_samples=0", "selection.min_prompts=1"))):
-        proc = stage(workdir, VLLM_PYTHON, module, *overrides)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = stage(workdir, VLLM_PYTHON, "grpo", "grpo.trainer.use_vllm=true", "grpo.trainer.vllm_mode=colocate",
-                 "grpo.informative_groups_only=true")
+        training.stage(workdir, module, *overrides, python=VLLM_PYTHON, env=VLLM_ENV, timeout=900)
+    proc = training.stage(workdir, "grpo", "grpo.trainer.use_vllm=true", "grpo.trainer.vllm_mode=colocate",
+                          "grpo.informative_groups_only=true", check=False, python=VLLM_PYTHON, env=VLLM_ENV,
+                          timeout=900)
     assert proc.returncode == 0, "\n".join(line for line in proc.stderr.splitlines()
                                            if not line.startswith("[rank0]:  "))[-3000:]
     assert (workdir / "models" / "grpo").is_dir()

@@ -83,12 +83,15 @@ def _env(workdir: Path) -> dict[str, str]:
     return env
 
 
-def stage(workdir: Path, module: str, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run `python -m components.<module>` in `workdir` like DVC does."""
-    args = [sys.executable, "-m", f"components.{module}", "--params", "params.yaml"]
+def stage(workdir: Path, module: str, *overrides: str, check: bool = True, python: str | Path = sys.executable,
+          env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run `python -m components.<module>` in `workdir` like DVC does (`python`: another venv's; `env`: more
+    variables)."""
+    args = [str(python), "-m", f"components.{module}", "--params", "params.yaml"]
     for o in overrides:
         args += ["-S", o]
-    proc = subprocess.run(args, cwd=workdir, env=_env(workdir), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(args, cwd=workdir, env={**_env(workdir), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{module} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc
