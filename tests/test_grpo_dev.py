@@ -1,6 +1,7 @@
 """GRPO's dev curve: a real (tiny) GRPO run holds out the last `grpo.dev_size` problems of grpo.jsonl
 in the target band, never trains on them, and records greedy dev accuracy before training, every
-`grpo.dev_every` steps and at the last (history CSV, MLflow, the stage's summary).
+`grpo.dev_every` steps and at the last (history CSV, MLflow, the stage's summary). The same run's
+report says where its seconds went, part by part (components/training/step_clock.py).
 
     pytest -q tests/test_grpo_dev.py
 """
@@ -19,7 +20,7 @@ from pipelines.params.config import load_params
 TINY = dict(tiny_hidden_size=32, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=64, tiny_vocab_size=300)
 
 
-def test_grpo_records_its_dev_curve_on_held_out_target_band_problems(tmp_path, monkeypatch):
+def test_grpo_records_its_dev_curve_on_held_out_target_band_problems_and_its_seconds_by_part(tmp_path, monkeypatch):
     import mlflow
 
     from components import data, grpo
@@ -62,3 +63,13 @@ def test_grpo_records_its_dev_curve_on_held_out_target_band_problems(tmp_path, m
     run = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`grpoflow.stage` = 'grpo'",
                              output_format="list")[0]
     assert [m.step for m in mlflow.MlflowClient().get_metric_history(run.info.run_id, "dev_accuracy")] == [0, 2]
+
+    # Where the seconds went: every part measured, the dev evaluations among the callbacks, and the parts
+    # adding up to the train call's seconds (`other` is what is left), in the report and in MLflow.
+    parts = {k: v for k, v in report.items() if k.endswith("_seconds") and k != "train_seconds"}
+    assert set(parts) == {f"{p}_seconds" for p in ("generation", "reference_forward", "policy_forward_backward",
+                                                    "optimizer", "logging", "checkpoint", "callbacks", "other")}
+    for part in ("generation", "policy_forward_backward", "optimizer", "logging", "callbacks"):
+        assert parts[f"{part}_seconds"] > 0, (part, parts)
+    assert abs(sum(parts.values()) - report["train_seconds"]) < 0.2 + 0.01 * report["train_seconds"], parts
+    assert run.data.metrics["generation_seconds"] == parts["generation_seconds"]

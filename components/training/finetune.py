@@ -288,13 +288,15 @@ def train_and_save(
     history_required: tuple[str, ...] = (),
     after_training: Callable[[], dict[str, Any]] | None = None,
     base: Any = None,
+    seconds_by_part: Callable[[float], dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """Train (resuming from `checkpoint`), save the model folder `cfg.output_dir` atomically (with
     `cfg.use_lora`, the LoRA adapter over `base`, an adapters.BaseRef: components/models/adapters.py),
     answer the sample problems, log the summary to MLflow and
     write `cfg.metrics_file` and the per-step history `cfg.history_file` (see `history_rows`);
     returns the summary. `cfg` is the stage's params section; `after_training()`, if given, adds
-    values known only once training is over (the GRPO signal monitor's)."""
+    values known only once training is over (the GRPO signal monitor's); `seconds_by_part(seconds)`, if
+    given, where the train call's seconds went (StepClock.report: `generation_seconds`, ...)."""
     import mlflow
 
     from components.models.modelio import save_model
@@ -314,6 +316,7 @@ def train_and_save(
         "global_step": trainer.state.global_step,
         "train_loss": result.training_loss,
         "train_seconds": round(seconds, 1),
+        **(seconds_by_part(seconds) if seconds_by_part else {}),
         "resumed_from": checkpoint,
         **(extra or {}),
         **(after_training() if after_training else {}),

@@ -4,8 +4,9 @@ A training stage's `run()` reads its data, loads its start model, builds its dat
 callbacks, describes the run as a `TrainingJob` and makes one call, `train_stage(job)`, which reads
 the sample problems, fingerprints the settings, code and inputs, prepares the checkpoint folder
 (resume or start over: components/training/finetune.py), opens the stage's MLflow run (main process
-only), builds the Trainer and trains, saves and reports through finetune.train_and_save. Not a stage;
-only the two training stages import it.
+only), builds the Trainer and trains under a StepClock (components/training/step_clock.py: the report's
+seconds by part), saves and reports through finetune.train_and_save. Not a stage; only the two training
+stages import it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def train_stage(job: TrainingJob) -> Path:
     """Train `job.trainer_class` on `job.dataset` and write the stage's model folder, report and
     history; returns the model folder (`<stage>.output_dir`)."""
     from components.problems.sources import read_split
+    from components.training.step_clock import StepClock
 
     stage, params = job.stage, job.params
     cfg = getattr(params, stage)
@@ -71,13 +73,16 @@ def train_stage(job: TrainingJob) -> Path:
             import mlflow
 
             mlflow.log_metrics({k: float(v) for k, v in job.metrics.items()})
+        clock = StepClock()  # its callback first: the others' step-end work counts as `callbacks`
         trainer = job.trainer_class(
             model=job.model, args=args, train_dataset=job.dataset, processing_class=job.tokenizer,
-            peft_config=peft_config, callbacks=job.callbacks, **job.trainer_kwargs,
+            peft_config=peft_config, callbacks=[clock.callback(), *job.callbacks], **job.trainer_kwargs,
         )
+        clock.instrument(trainer)
         finetune.train_and_save(
             stage, trainer, checkpoint, cfg, samples=samples, max_new_tokens=job.max_new_tokens, extra=job.metrics,
             history_names=job.history_names(trainer) if job.history_names else None,
             history_required=job.history_required, after_training=job.after_training, base=job.base,
+            seconds_by_part=clock.report,
         )
     return Path(cfg.output_dir)
