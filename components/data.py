@@ -78,7 +78,8 @@ def load_split(source: str, split: str, cfg: DataParams, exclude: set[str] = fro
         n = cfg.synthetic_train_size if split == "train" else cfg.synthetic_test_size
         steps = (cfg.synthetic_test_max_steps if split == "test" and cfg.synthetic_test_max_steps
                  else cfg.synthetic_max_steps)
-        return collect(iter_synthetic(n, cfg.seed, split, exclude, steps, cfg.synthetic_max_number))
+        top = cfg.synthetic_test_top_band_size if split == "test" else 0
+        return collect(iter_synthetic(n, cfg.seed, split, exclude, steps, cfg.synthetic_max_number, top_band=top))
     if source.startswith(("jsonl:", "hf:")):
         return collect(records(source, split))
     raise ConfigError(f"data source {source!r}: expected synthetic, jsonl:PATH or hf:NAME[:CONFIG]")

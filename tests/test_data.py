@@ -70,7 +70,8 @@ def test_jsonl_source_converts_gsm8k_rows(tmp_path):
 
 
 def test_synthetic_is_seeded_disjoint_and_in_gsm8k_format(tmp_path):
-    c = DataParams(synthetic_train_size=300, synthetic_test_size=100, output_dir=str(tmp_path / "a"))
+    c = DataParams(synthetic_train_size=300, synthetic_test_size=100, synthetic_test_top_band_size=0,
+                   output_dir=str(tmp_path / "a"))
     write_splits(c)
     first = (tmp_path / "a" / "train.jsonl").read_bytes()
     c2 = DataParams(synthetic_train_size=300, synthetic_test_size=100, output_dir=str(tmp_path / "b"))
@@ -92,6 +93,23 @@ def test_synthetic_is_seeded_disjoint_and_in_gsm8k_format(tmp_path):
     assert "<<" in prob["answer"] and prob["answer"].splitlines()[-1].startswith("#### ")
     for r in train[:50]:
         assert r["solution"].splitlines()[-1].split("= ")[-1].split()[0] == r["gold"]
+
+
+@pytest.mark.parametrize("seed", [1234, 5, 4242])
+def test_the_default_test_split_sizes_its_target_band_to_show_an_8_point_gain(tmp_path, seed):
+    """The default test split: at least 250 problems of the 3-step target band on any seed (where a
+    real +8 points is significant), at least 250 in the demonstrated bands, and its first
+    synthetic_test_size problems the ones a split without the top band holds."""
+    defaults = DataParams()  # params.yaml's data section (tests/test_config.py)
+    write_splits(DataParams(**{**defaults.__dict__, "seed": seed, "output_dir": str(tmp_path / "a")}))
+    write_splits(DataParams(**{**defaults.__dict__, "seed": seed, "synthetic_test_top_band_size": 0,
+                               "output_dir": str(tmp_path / "b")}))
+    test, plain = read_jsonl(tmp_path / "a" / "test.jsonl"), read_jsonl(tmp_path / "b" / "test.jsonl")
+    bands = {steps: sum(r["steps"] == steps for r in test) for steps in (1, 2, 3)}
+    assert bands[3] >= 250 and bands[1] + bands[2] >= 250, bands
+    assert len(test) == defaults.synthetic_test_size + defaults.synthetic_test_top_band_size
+    assert test[: len(plain)] == plain and {r["steps"] for r in test[len(plain):]} == {3}
+    assert len({r["question"] for r in test}) == len(test)
 
 
 @pytest.mark.parametrize(

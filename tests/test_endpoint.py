@@ -111,7 +111,8 @@ def problems(tmp_path, monkeypatch) -> tuple[Path, list[dict]]:
     from components import data
 
     monkeypatch.chdir(tmp_path)  # the checkout params are loaded for: stage paths live inside it
-    data.write_splits(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=20, synthetic_test_size=8))
+    data.write_splits(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=20, synthetic_test_size=8,
+                                 synthetic_test_top_band_size=0))
     rows = [json.loads(line) for line in (tmp_path / "data/test.jsonl").read_text().splitlines()]
     return tmp_path / "data", rows
 

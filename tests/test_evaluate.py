@@ -37,7 +37,7 @@ def workspace(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("evalrepo")
     data.write_splits(
-        DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=60, synthetic_test_size=12,
+        DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=60, synthetic_test_size=12, synthetic_test_top_band_size=0,
                    synthetic_max_steps=3, synthetic_max_number=20)  # long enough that some 5-shot prompts overflow
     )
     for name, seed in (("base", 0), ("sft", 1), ("grpo", 2)):

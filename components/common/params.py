@@ -63,6 +63,7 @@ class DataParams:
     synthetic_max_steps: int = _f(2, ge=1, le=6)
     synthetic_max_number: int = _f(9, ge=2)
     synthetic_test_max_steps: int = _f(3, ge=0, le=6)
+    synthetic_test_top_band_size: int = _f(200, ge=0)
     synthetic_answer_only_size: int = _f(1000, ge=0)
     synthetic_answer_only_min_steps: int = _f(1, ge=1, le=6)
     synthetic_answer_only_max_steps: int = _f(3, ge=1, le=6)

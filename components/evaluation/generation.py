@@ -49,7 +49,7 @@ from components.models.modelio import dtype_name, load_model, load_tokenizer
 
 log = logging.getLogger("grpoflow.generation")
 
-BACKENDS = ("auto", "vllm", "transformers")
+BACKENDS = ("auto", "vllm", "transformers", "batched")
 
 
 @dataclass
@@ -92,8 +92,8 @@ def choose_backend(requested: str, vllm_python: str = "") -> str:
     log which one it took and why."""
     if requested not in BACKENDS:
         raise BackendError(f"unknown backend {requested!r}; expected one of {', '.join(BACKENDS)}")
-    if requested == "transformers":
-        return "transformers"
+    if requested in ("transformers", "batched"):
+        return requested
     python = None if vllm_importable() else resolve_vllm_python(vllm_python)
     if not vllm_importable() and python is None:
         why = (
@@ -234,6 +234,36 @@ def transformers_generate(
     return [seqs[0] for seqs in _run_batches(model, tokenizer, prompt_ids, settings, eos_ids, kwargs, 1)]
 
 
+def batched_generate(
+    model, tokenizer, prompt_ids: list[list[int]], settings: GenerationSettings, eos_ids: list[int]
+) -> list[list[int]]:
+    """Greedy completions by GRPO's rollout sampler (components/training/rollouts.py `sample`, greedy):
+    `settings.batch_size` prompts at a time, sorted by length; each prompt prefilled once, the KV cache
+    written in place, and the rows that ended leave the batch. The same argmax as `model.generate`'s
+    greedy search, with less work per decode step. A model with sliding-window layers, which the sampler
+    does not hold, goes to transformers_generate."""
+    from tqdm import tqdm
+
+    from components.training import rollouts
+
+    if rollouts._full_attention_layers(model) is None:
+        log.info("backend batched: the model has sliding-window layers; generating with model.generate")
+        return transformers_generate(model, tokenizer, prompt_ids, settings, eos_ids)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    out: list[list[int]] = [[] for _ in prompt_ids]
+    bar = tqdm(total=len(prompt_ids), desc="generating", unit="item", dynamic_ncols=True, leave=True)
+    for start in range(0, len(order), max(1, settings.batch_size)):
+        rows = order[start : start + max(1, settings.batch_size)]
+        ids = rollouts.sample(model, [prompt_ids[i] for i in rows], None, settings.max_new_tokens,
+                              [] if settings.ignore_eos else eos_ids, pad_id, greedy=True)
+        for i, completion in zip(rows, ids, strict=True):
+            out[i] = completion
+        bar.update(len(rows))
+    bar.close()
+    return out
+
+
 def transformers_sample(
     model, tokenizer, prompt_ids: list[list[int]], settings: GenerationSettings, eos_ids: list[int]
 ) -> list[list[list[int]]]:
@@ -299,7 +329,8 @@ def generate(
         t0 = time.perf_counter()
         model = load_model(model_dir, dtype=settings.dtype, to_gpu=True).eval()
         t1 = time.perf_counter()
-        out_ids = transformers_generate(model, tokenizer, prompt_ids, settings, eos_ids)
+        greedy = batched_generate if chosen == "batched" else transformers_generate
+        out_ids = greedy(model, tokenizer, prompt_ids, settings, eos_ids)
         t2 = time.perf_counter()
         if settings.num_samples:
             samples = transformers_sample(model, tokenizer, prompt_ids, settings, eos_ids)

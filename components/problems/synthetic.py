@@ -79,18 +79,20 @@ def synthetic_problem(
 
 
 def iter_synthetic(
-    n: int, seed: int, split: str, exclude: set[str], max_steps: int = 3, max_number: int = 20, min_steps: int = 1
+    n: int, seed: int, split: str, exclude: set[str], max_steps: int = 3, max_number: int = 20, min_steps: int = 1,
+    top_band: int = 0,
 ) -> Iterator[Record]:
     """`n` distinct problems (none of them in `exclude`) of `min_steps` to `max_steps` steps as
-    (where, default id, record)."""
+    (where, default id, record), then `top_band` more of exactly `max_steps` steps from the same stream
+    (the first `n` are the problems a run without them makes)."""
     rng = random.Random(f"{seed}:{split}")
     seen = set(exclude)
-    made, attempts = 0, 0
-    while made < n:
+    made, attempts, total = 0, 0, n + top_band
+    while made < total:
         attempts += 1
-        if attempts > 50 * n + 1000:
-            raise DataError(f"synthetic:{split}: could only make {made} distinct problems of {n} requested")
-        obj = synthetic_problem(rng, max_steps, max_number, min_steps)
+        if attempts > 50 * total + 1000:
+            raise DataError(f"synthetic:{split}: could only make {made} distinct problems of {total} requested")
+        obj = synthetic_problem(rng, max_steps, max_number, min_steps if made < n else max_steps)
         key = normalize_question(obj["question"])
         if key in seen:
             continue

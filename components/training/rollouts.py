@@ -25,7 +25,8 @@ first EOS token (kept, as TRL keeps it) or at `max_new_tokens`.
     supported(generation_config)   whether `sample` covers these generation settings
     draw(probs)                    one index per row, drawn with the row's probabilities
     sample(model, prompt_ids, ...) the completions' token ids, one list per prompt row (and, with
-                                   logprobs=True, each token's log-probability, one list per row)
+                                   logprobs=True, each token's log-probability, one list per row);
+                                   greedy=True: the most likely token at each step instead (evaluation)
     BufferCache(capacity, layers)  a KV cache of preallocated buffers (rows can be dropped)
 """
 
@@ -196,13 +197,15 @@ def _cache_keyword(model: Any) -> str:
 
 def sample(model: Any, prompt_ids: list[list[int]], generation_config: Any, max_new_tokens: int,
            eos_token_ids: list[int], pad_token_id: int, compact_share: float = COMPACT_SHARE,
-           logprobs: bool = False) -> Any:
+           logprobs: bool = False, greedy: bool = False) -> Any:
     """Sample one completion per row of `prompt_ids` (rows may repeat a prompt), as `model.generate`
     samples under `generation_config` (see `supported`); each completion is its token ids through the
     first EOS (kept) or `max_new_tokens`. Rows that ended leave the batch once `compact_share` of it
     has ended (above 1: never). Runs under torch.no_grad in the model's own dtype. With `logprobs`,
     returns (token ids, log-probs): each sampled token's log-softmax of the float32 logits divided by
-    the temperature (what TRL's log-prob passes compute; top-k/top-p do not enter it)."""
+    the temperature (what TRL's log-prob passes compute; top-k/top-p do not enter it). With `greedy`,
+    each row takes its most likely next token (the float32 logits' argmax: what `generate` does with
+    do_sample=False; `generation_config` and `logprobs` are not used): the evaluation's `batched` backend."""
     import torch
     from transformers.generation import TemperatureLogitsWarper
 
@@ -222,11 +225,12 @@ def sample(model: Any, prompt_ids: list[list[int]], generation_config: Any, max_
     position = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
     cache = BufferCache(width + max_new_tokens, layers)
     with_cache = {_cache_keyword(model): cache, "use_cache": True, "logits_to_keep": 1}
-    process = warpers(generation_config)
-    eos = torch.tensor(eos_token_ids, device=device)
+    process = [] if greedy else warpers(generation_config)
+    eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
     out: list[list[int]] = [[] for _ in prompt_ids]
     out_logps: list[list[float]] = [[] for _ in prompt_ids]
-    temperature = generation_config.temperature or 1.0
+    temperature = 1.0 if greedy else generation_config.temperature or 1.0
+    logprobs = logprobs and not greedy
     only_temperature = all(isinstance(w, TemperatureLogitsWarper) for w in process)
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask[:, :width], position_ids=position,
@@ -241,7 +245,7 @@ def sample(model: Any, prompt_ids: list[list[int]], generation_config: Any, max_
             scores = logits.float()
             for warp in process:
                 scores = warp(None, scores)
-            token = draw(torch.softmax(scores, dim=-1))
+            token = scores.argmax(-1) if greedy else draw(torch.softmax(scores, dim=-1))
             chosen = None
             if logprobs:  # log-softmax of logits / T at the token: the scores themselves when T is the only warper
                 base = scores if only_temperature else logits.float() / temperature
