@@ -7,6 +7,7 @@ Per band (`evaluate.target_band`, components/problems/bands.py), greedy flexible
               sft_accuracy_flexible, grpo_accuracy_flexible, control_accuracy_flexible, delta, ci95,
               p_value (exact McNemar, GRPO - SFT), delta_vs_control, p_vs_control (GRPO - control)
   in_band     the same numbers for every problem outside the target band, together
+  all         the same numbers over every test problem, whatever its band
   bands       the same numbers per number of reasoning steps
   checked     inside each of them: the same numbers (`*_accuracy_checked`, delta, ci95, p_value, ...) on
               the right answers whose shown equations all hold (components/problems/arithmetic.py): a
@@ -77,12 +78,14 @@ def slice_numbers(rows: list[dict]) -> dict:
 
 def band_report(rows: list[dict], target_band: str) -> dict:
     """`target` (the evaluate.target_band problems; every problem without one), `in_band` (every other
-    problem together) and `bands` (per step count), each with `slice_numbers`.
+    problem together), `all` (every problem) and `bands` (per step count), each with `slice_numbers`.
 
     >>> rows = [{"steps": 1, "grpo": True, "sft": True}] * 4 + [{"steps": 3, "grpo": True, "sft": False}] * 2
     >>> r = band_report(rows, "3")
-    >>> r["target"]["n"], r["target"]["delta"], r["in_band"]["delta"], sorted(r["bands"])
-    (2, 1.0, 0.0, ['1', '3'])
+    >>> r["target"]["n"], r["target"]["delta"], r["in_band"]["delta"], r["all"]["n"], round(r["all"]["delta"], 3)
+    (2, 1.0, 0.0, 6, 0.333)
+    >>> sorted(r["bands"])
+    ['1', '3']
     """
     from components.problems.bands import by_steps, parse_band, split_items
 
@@ -91,6 +94,7 @@ def band_report(rows: list[dict], target_band: str) -> dict:
     out = {"target_band": target_band or "all", "target": slice_numbers(target)}
     if rest:
         out["in_band"] = slice_numbers(rest)
+    out["all"] = slice_numbers(rows)
     out["bands"] = {key: slice_numbers(group) for key, group in by_steps(rows).items()}
     return out
 

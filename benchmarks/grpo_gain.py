@@ -33,11 +33,11 @@ prompt) and compares them on the same items (exact McNemar test). Prints one JSO
                                                            speed, greedy; paired GRPO - continued
                                                            (--no-control: off)
 
-Per band (`evaluate.target_band`): `target`, `in_band`, `bands`, each with its `checked` numbers, as
+Per band (`evaluate.target_band`): `target`, `in_band`, `all`, `bands`, each with its `checked` numbers, as
 benchmarks/gain_report.py describes them.
 
 With `--seeds 1234,2024,7` the whole recipe runs once per data seed (each its own test split) and
-the JSON is `{"seeds": [one object as above per seed], "pooled": {target, in_band, bands, and
+the JSON is `{"seeds": [one object as above per seed], "pooled": {target, in_band, all, bands, and
 delta, ci95, p_value, n, sft_accuracy_flexible, grpo_accuracy_flexible of the target band}}`: over
 every seed's paired items with exact McNemar tests.
 
@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rescore", nargs="+", type=Path, metavar="DIR",
         help="run nothing: judge the kept greedy items of runs kept with --keep (DIR, or DIR/seed-S) with "
-        "today's scorer and print their band report (target, in_band, bands, each with `checked`), pooled; "
+        "today's scorer and print their band report (target, in_band, all, bands, each with `checked`), pooled; "
         "-S as the runs had it (evaluate.target_band)",
     )
     parser.add_argument("--grpo-items", default="grpo", metavar="NAME",

@@ -44,6 +44,8 @@ def test_rescore_reports_kept_runs_with_todays_scorer_and_tells_guesses_from_sol
     assert target["n"] == 20 and target["delta"] == 0.8 and target["p_value"] < 0.001
     assert target["checked"]["grpo_accuracy_checked"] == 0.0 and target["checked"]["delta"] == 0.0
     assert out["pooled"]["in_band"]["checked"]["grpo_accuracy_checked"] == 1.0
+    every = out["pooled"]["all"]  # every problem, whatever its band: 16 wrong, then 24 right in both
+    assert every["n"] == 40 and every["checked"]["grpo_accuracy_checked"] == 0.5 and every["delta"] == 0.4
     assert [s["folder"] for s in out["seeds"]] == folders
     # the band the runs were made with (-S), not the folder's params.yaml default
     assert grpo_gain.main(["--rescore", folders[0], "-S", "evaluate.target_band=1"]) == 0
