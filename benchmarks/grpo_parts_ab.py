@@ -13,7 +13,12 @@ Prints one JSON object: per ref and stage (sft, grpo) the train call's seconds, 
 its CPU seconds, steps, completions and completion tokens (GRPO), and `ratio`: the second ref's
 seconds over the first's, per part.
 
-    python benchmarks/grpo_parts_ab.py --refs f62fb56,HEAD --root /tmp/ab
+`--sub REF:FILE:OLD=NEW` replaces the text OLD with NEW in that ref's FILE, for a name the packages
+here no longer take (f62fb56's trainer default `activation_checkpointing`, transformers >= 5.23's name
+of `gradient_checkpointing`, which the locked 5.17 does not know).
+
+    python benchmarks/grpo_parts_ab.py --refs f62fb56,HEAD --root /tmp/ab \
+        --sub f62fb56:components/training/finetune.py:activation_checkpointing=gradient_checkpointing
     python benchmarks/grpo_parts_ab.py --refs f62fb56,HEAD --root /tmp/ab -S grpo.trainer.max_steps=32
 """
 
@@ -94,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", default="0,1", help="the core of each ref (taskset -c)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each ref")
     parser.add_argument("-S", dest="overrides", action="append", default=[], help="KEY=VALUE for both refs")
+    parser.add_argument("--sub", action="append", default=[], metavar="REF:FILE:OLD=NEW",
+                        help="replace OLD with NEW in REF's FILE")
     args = parser.parse_args(argv)
     refs, cores = args.refs.split(","), args.cores.split(",")
     root = args.root or Path(tempfile.mkdtemp(prefix="grpoflow-ab-"))
@@ -106,12 +113,20 @@ def main(argv: list[str] | None = None) -> int:
     for ref, core in zip(refs, cores, strict=True):
         dest = root / ref
         commits[ref] = export(ref, dest)
+        for sub in args.sub:
+            target, name, change = sub.split(":", 2)
+            old, _, new = change.partition("=")
+            if target == ref:
+                text = (dest / name).read_text()
+                if old not in text:
+                    parser.error(f"--sub {sub}: {old!r} is not in {ref}'s {name}")
+                (dest / name).write_text(text.replace(old, new))
         running[ref] = start_ref(dest, clock_dir, core, args.threads, args.overrides)
     failed = [ref for ref, proc in running.items() if proc.wait() != 0]
     if failed:
         print(f"grpo_parts_ab: {', '.join(failed)} failed; see {root}/<ref>/stages.log", file=sys.stderr)
         return 1
-    result = {"refs": commits, "root": str(root), "wall_seconds": round(time.monotonic() - start, 1),
+    result = {"refs": commits, "root": str(root), "sub": args.sub, "wall_seconds": round(time.monotonic() - start, 1),
               "threads": args.threads, "overrides": args.overrides, "load_average_1m": os.getloadavg()[0],
               "stages": {ref: records(root / ref) for ref in refs}}
     a, b = (result["stages"][ref] for ref in refs)

@@ -274,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipelines.params import presets
 
-    base = [*(presets.overrides(args.preset) if args.preset else []), "data.synthetic_test_size=20", *args.set]
+    base = [*(presets.overrides(args.preset) if args.preset else []), "data.synthetic_test_size=20",
+            "data.synthetic_test_top_band_size=0", *args.set]
     root = kept_workdir(parser, args.keep, "grpo-step-")
     os.environ.update(OFFLINE_ENV)
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root / 'mlflow.db'}"

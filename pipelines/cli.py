@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="grpoflow: the training prompt and tag format; lm-eval-gsm8k: lm-evaluation-harness's "
                    "5-shot gsm8k task, its examples from the data's own train split, e.g. the train.jsonl beside a "
                    "jsonl:DIR/test.jsonl (evaluate.fewshot_source overrides) (default: evaluate.protocol from params)")
-    p.add_argument("--backend", choices=["auto", "vllm", "transformers"], default=None,
+    p.add_argument("--backend", choices=["auto", "vllm", "transformers", "batched"], default=None,
                    help="generation backend (default: evaluate.backend from params)")
     p.add_argument("--output", default=None, metavar="DIR",
                    help="write <name>.json and <name>.items.jsonl here (default: <evaluate.output_dir>/cli/<name>)")

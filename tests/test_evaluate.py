@@ -37,7 +37,8 @@ def workspace(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("evalrepo")
     data.write_splits(
-        DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=60, synthetic_test_size=12, synthetic_test_top_band_size=0,
+        DataParams(output_dir=str(root / "data/processed"), synthetic_train_size=60, synthetic_test_size=12,
+                   synthetic_test_top_band_size=0,
                    synthetic_max_steps=3, synthetic_max_number=20)  # long enough that some 5-shot prompts overflow
     )
     for name, seed in (("base", 0), ("sft", 1), ("grpo", 2)):
@@ -440,6 +441,31 @@ def test_sampled_metrics_are_reported_paired_logged_and_reproducible(workspace):
     assert run.data.metrics["grpo/num_samples"] == 4
     assert "grpo_vs_sft/maj_at_k_flexible/p_value" in run.data.metrics
     assert run.data.metrics["grpo/sample_temperature"] == 1.5 and run.data.params["evaluate.num_samples"] == "4"
+
+
+def test_the_batched_backend_answers_as_model_generate_does(workspace, tmp_path):
+    """The `batched` backend (GRPO's rollout sampler, greedy) gives `model.generate`'s greedy completions
+    and token counts, over batches of prompts of different lengths."""
+    import torch
+
+    from components.evaluation.generation import GenerationSettings, generate
+    from components.models.modelio import load_model, load_tokenizer, save_model
+    from components.problems import gsm8k
+
+    rows = [json.loads(line) for line in (workspace / "data/processed/test.jsonl").read_text().splitlines()]
+    tok = load_tokenizer(workspace / "models/grpo")
+    model = load_model(workspace / "models/grpo", dtype="float32")
+    with torch.no_grad():  # sharper logits: the untrained model's answers differ from prompt to prompt
+        for param in model.parameters():
+            param.mul_(4.0)
+    save_model(model, tok, tmp_path / "sharp")
+    prompts = [gsm8k.render_prompt(r["question"], tok) for r in rows]
+    settings = GenerationSettings(max_new_tokens=24, batch_size=5, dtype="float32")
+    plain = generate(tmp_path / "sharp", prompts, settings, backend="transformers")
+    batched = generate(tmp_path / "sharp", prompts, settings, backend="batched")
+    assert batched.backend == "batched" and len(set(map(len, (tok(p)["input_ids"] for p in prompts)))) > 1
+    assert batched.completions == plain.completions and batched.num_tokens == plain.num_tokens
+    assert len(set(batched.completions)) > 1  # the prompts' own answers, not one repeated text
 
 
 def test_backend_auto_falls_back_to_transformers_saying_why(workspace, tmp_path, caplog):

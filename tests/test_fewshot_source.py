@@ -94,7 +94,8 @@ def tiny_model(tmp_path_factory):
     from components.models.modelio import save_model
 
     root = tmp_path_factory.mktemp("fewshot")
-    data.write_splits(DataParams(output_dir=str(root / "prep"), synthetic_train_size=40, synthetic_test_size=4))
+    data.write_splits(DataParams(output_dir=str(root / "prep"), synthetic_train_size=40, synthetic_test_size=4,
+                                 synthetic_test_top_band_size=0))
     model, tok = model_stage.build_tiny(ModelParams(seed=1, **TINY), root / "prep/train.jsonl")
     save_model(model, tok, root / "model")
     return root

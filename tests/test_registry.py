@@ -269,7 +269,8 @@ def test_gate_reevaluates_a_champion_evaluated_on_other_items(repo, monkeypatch)
     small = ["evaluate.backend=transformers", "evaluate.max_new_tokens=8", "register.min_items=5"]
 
     def evaluate_and_register(seed: int, md5: str):
-        data.write_splits(DataParams(synthetic_train_size=20, synthetic_test_size=12, synthetic_test_top_band_size=0, seed=seed))
+        data.write_splits(DataParams(synthetic_train_size=20, synthetic_test_size=12, synthetic_test_top_band_size=0,
+                                     seed=seed))
         params = load_params(None, [*small, f"data.seed={seed}"])
         problems = load_problems(data_source(params))
         result = evaluate_model(resolve_model("models/grpo"), problems, params, protocol="grpoflow",

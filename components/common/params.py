@@ -297,7 +297,7 @@ class EvaluateParams:
     data: str = _f("")
     limit: int = _f(0, ge=0)
     protocol: str = _f("grpoflow", choices=["grpoflow", "lm-eval-gsm8k"])
-    backend: str = _f("auto", choices=["auto", "vllm", "transformers"])
+    backend: str = _f("auto", choices=["auto", "vllm", "transformers", "batched"])
     vllm_python: str = _f(".venv-vllm/bin/python")
     vllm_args: dict = _f({})
     max_new_tokens: int = _f(256, ge=1)

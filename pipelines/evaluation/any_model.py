@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "--data", default=None, help="jsonl:PATH or hf:NAME[:CONFIG] (default: the prepared test split)"
     )
     parser.add_argument("--protocol", choices=["grpoflow", "lm-eval-gsm8k"], default=None)
-    parser.add_argument("--backend", choices=["auto", "vllm", "transformers"], default=None)
+    parser.add_argument("--backend", choices=["auto", "vllm", "transformers", "batched"], default=None)
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--output", default=None)
     add_params_args(parser)

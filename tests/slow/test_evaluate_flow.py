@@ -28,7 +28,8 @@ def test_evaluation_flow_evaluates_a_model_and_logs_a_run(tmp_path, monkeypatch)
     from components.models.modelio import save_model
     from pipelines.evaluation.any_model import evaluation_pipeline
 
-    data.write_splits(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=40, synthetic_test_size=6))
+    data.write_splits(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=40, synthetic_test_size=6,
+                                 synthetic_test_top_band_size=0))
     cfg = ModelParams(
         seed=5, tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=1, tiny_intermediate_size=128
     )

@@ -39,7 +39,8 @@ def tiny_model(tmp_path, monkeypatch) -> None:
     from components.models.modelio import save_model
 
     monkeypatch.chdir(tmp_path)  # the checkout: stage paths must lie inside it
-    data.write_splits(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=60, synthetic_test_size=24))
+    data.write_splits(DataParams(output_dir=str(tmp_path / "data"), synthetic_train_size=60, synthetic_test_size=24,
+                                 synthetic_test_top_band_size=0))
     # head_dim 32: vLLM's CPU attention supports head sizes 32, 64, 80, 96, 112, 128, ...
     cfg = ModelParams(
         seed=3, tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=2, tiny_intermediate_size=128

@@ -20,6 +20,7 @@ TINY = [
     *preset_overrides("tiny"),
     "data.synthetic_train_size=48",
     "data.synthetic_test_size=8",
+    "data.synthetic_test_top_band_size=0",
     "model.tiny_hidden_size=32",
     "model.tiny_intermediate_size=64",
     "model.tiny_num_layers=1",

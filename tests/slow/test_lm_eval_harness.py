@@ -101,7 +101,8 @@ def test_lm_eval_protocol_answers_as_the_harness_gsm8k_task(tmp_path, monkeypatc
     write_jsonl(gsm8k_dir / "train.jsonl", gsm8k_rows(40, seed=1))
     write_jsonl(gsm8k_dir / "test.jsonl", gsm8k_rows(100, seed=2))
     # A tiny Qwen2 (head_dim 32, as vLLM's CPU attention needs) whose context holds a 5-shot prompt.
-    data.write_splits(DataParams(output_dir=str(tmp_path / "prep"), synthetic_train_size=60, synthetic_test_size=4))
+    data.write_splits(DataParams(output_dir=str(tmp_path / "prep"), synthetic_train_size=60, synthetic_test_size=4,
+                                 synthetic_test_top_band_size=0))
     cfg = ModelParams(seed=3, tiny_hidden_size=64, tiny_num_heads=2, tiny_num_layers=2, tiny_intermediate_size=128,
                       tiny_max_positions=1024)
     model, tok = model_stage.build_tiny(cfg, tmp_path / "prep/train.jsonl")

@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 SMOKE = [
     "-S", "sft.trainer.max_steps=2", "-S", "grpo.trainer.max_steps=1",
     "-S", "data.synthetic_train_size=64", "-S", "data.synthetic_test_size=20",
+    "-S", "data.synthetic_test_top_band_size=0",
     "-S", "grpo.trainer.max_completion_length=64", "-S", "grpo.sample_size=1", "-S", "sft.sample_size=1",
     "-S", "evaluate.max_new_tokens=64", "-S", "evaluate.backend=vllm",
 ]

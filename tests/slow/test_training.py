@@ -118,7 +118,7 @@ def make_workdir(path: Path) -> Path:
     cwd = os.getcwd()
     os.chdir(path)
     try:
-        prepare(DataParams(synthetic_train_size=48, synthetic_test_size=8, seed=3))
+        prepare(DataParams(synthetic_train_size=48, synthetic_test_size=8, synthetic_test_top_band_size=0, seed=3))
         params = load_params("params.yaml")
         model_stage.build_base(params.model, Path("data/processed/train.jsonl"))
     finally:
