@@ -135,8 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parent-run-id", required=True, help="the pipeline's MLflow parent run")
     p.add_argument("--tracking-uri", default=None, help="MLflow server (default: MLFLOW_TRACKING_URI)")
     p.add_argument("--workdir", default=None, metavar="DIR",
-                   help="where the working copy goes: a missing folder (made, removed afterwards) or an empty one "
-                   "(emptied afterwards, never removed); default: a new temporary folder")
+                   help="a missing or empty folder; the working copy goes in DIR/grpoflow-stage-NAME, removed "
+                   "afterwards, and DIR too when it was made here and holds nothing else; nothing else in DIR is "
+                   "touched (default: a new temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the working copy afterwards")
     p.set_defaults(handler="pipelines.execution.stage:cli_stage")
 
