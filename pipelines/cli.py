@@ -29,6 +29,8 @@ import argparse
 import importlib
 import sys
 
+ADOPT_HELP = ("move the aliases of a registered model grpoflow did not make (refused without it); it is tagged "
+              "grpoflow.managed=true and treated as grpoflow's from then on")
 PARAMS_HELP = "override one param, as in `dvc exp run -S` (repeatable), e.g. -S grpo.trainer.beta=0.0"
 EXPORT_DESCRIPTION = (
     "Write MODEL as a folder that needs nothing else: a full model as is; a LoRA adapter with --merged as "
@@ -113,12 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("promote", help="force the champion alias onto a model version, recording why")
     p.add_argument("name", help="registered model name, e.g. grpoflow-policy")
     p.add_argument("version", help="model version number")
-    p.add_argument("--reason", required=True, help="why; stored as a version tag")
+    p.add_argument("--reason", required=True, help="why (not empty); stored as a version tag")
+    p.add_argument("--adopt", action="store_true", help=ADOPT_HELP)
     _add_params(p)
     p.set_defaults(handler="pipelines.registry.promotion:cli_promote")
 
     p = sub.add_parser("rollback", help="move champion back to the previous champion")
     p.add_argument("name", help="registered model name, e.g. grpoflow-policy")
+    p.add_argument("--adopt", action="store_true", help=ADOPT_HELP)
     _add_params(p)
     p.set_defaults(handler="pipelines.registry.promotion:cli_rollback")
 
@@ -135,8 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parent-run-id", required=True, help="the pipeline's MLflow parent run")
     p.add_argument("--tracking-uri", default=None, help="MLflow server (default: MLFLOW_TRACKING_URI)")
     p.add_argument("--workdir", default=None, metavar="DIR",
-                   help="where the working copy goes: a missing folder (made, removed afterwards) or an empty one "
-                   "(emptied afterwards, never removed); default: a new temporary folder")
+                   help="a missing or empty folder; the working copy goes in DIR/grpoflow-stage-NAME, removed "
+                   "afterwards, and DIR too when it was made here and holds nothing else; nothing else in DIR is "
+                   "touched (default: a new temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the working copy afterwards")
     p.set_defaults(handler="pipelines.execution.stage:cli_stage")
 
@@ -210,7 +215,14 @@ def main(argv: list[str] | None = None) -> int:
         services.service_env_defaults()  # MLflow gives up on a server that does not answer within the budget
         return services.one_line_service_errors(lambda: getattr(importlib.import_module(module), func)(args))
 
-    return one_line_errors(command)
+    try:
+        return one_line_errors(command)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or a stage ended by a signal from outside (`grpoflow run` says more)
+        import signal
+
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"\ninterrupted by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+        return 128 + signum
 
 
 def entry() -> None:

@@ -15,6 +15,8 @@ import pytest
 from tests.project_repo import make_project_repo
 from tests.servers import refused_port
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
@@ -33,20 +35,64 @@ def one_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("command", [["run"], ["evaluate", "--model", "models/grpo"],
-                                     ["promote", "grpoflow-policy", "1", "--reason", "x"],
-                                     ["rollback", "grpoflow-policy"]])
-def test_unreachable_tracking_server_is_one_line_naming_it(checkout, command):
+BAD_FLAGS = [["run", "--bogus"], ["evaluate"], ["grade", "--input", "x"], ["promote", "m", "1", "--reason"],
+             ["rollback"], ["stage", "data"], ["deploy", "--bogus"], ["schedule", "--cron"], ["serve", "--port", "x"],
+             ["reproduce"], ["export"], ["ui", "--port", "x"]]
+TRACKING_GONE = [["run"], ["evaluate", "--model", "models:/m@champion"], ["promote", "m", "1", "--reason", "x"],
+                 ["rollback", "m"], ["serve"], ["reproduce", "m", "1"], ["export", "models:/m/1", "out"]]
+
+
+def test_every_command_fails_in_one_line_without_a_traceback(checkout, tmp_path):
+    """Each command's expected failures: a bad flag (argparse's usage, exit 2); the tracking server
+    gone (exit 1, within seconds, naming it; nothing written); the Prefect server gone (deploy,
+    schedule: 1); and `grpoflow stage`'s own: a --parent-run-id that is no run (2), a stage that fails
+    (1). Each is one `error:` line and no traceback."""
+    import mlflow
+
+    from pipelines.params.config import write_overrides
+
+    def check(proc: subprocess.CompletedProcess, code: int, *args: str) -> str:
+        assert "Traceback" not in proc.stdout + proc.stderr, (args, proc.stderr[-3000:])
+        assert proc.returncode == code, (args, proc.returncode, proc.stderr[-3000:])
+        lines = [line for line in proc.stderr.splitlines() if "error: " in line and not line.startswith(" ")]
+        assert len(lines) == 1, (args, proc.stderr[-3000:])
+        return lines[0]
+
+    for args in BAD_FLAGS:
+        check(grpoflow(checkout, *args), 2, *args)
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(GRPOFLOW_SERVICE_TIMEOUT_S="5", MLFLOW_HTTP_REQUEST_MAX_RETRIES="0")  # a refused call fails at once
     before = (checkout / "params.yaml").read_bytes()
-    start = time.monotonic()
     with refused_port() as port:
         uri = f"http://127.0.0.1:{port}"
-        proc = grpoflow(checkout, *command, "-S", f"tracking.uri={uri}", env=env)
-    assert time.monotonic() - start < 60  # MLflow's own client retries for minutes
-    assert proc.returncode == 1
-    assert uri in one_line(proc) and "not reachable" in proc.stderr
+        for args in [*TRACKING_GONE, stage_args(params_file=str(checkout / "params.yaml"), tracking_uri=uri)]:
+            start = time.monotonic()
+            line = check(grpoflow(checkout, *args, *(["-S", f"tracking.uri={uri}"] if args[0] != "stage" else []),
+                                  env={**env, "MLFLOW_TRACKING_URI": uri}), 1, *args)
+            assert uri in line and time.monotonic() - start < 60, (args, line)
+        for args in (["deploy"], ["schedule"]):
+            line = check(grpoflow(REPO, *args, env={**env, "PREFECT_API_URL": f"{uri}/api"}), 1, *args)
+            assert f"the Prefect server at PREFECT_API_URL={uri}/api is not reachable" in line
     assert (checkout / "params.yaml").read_bytes() == before  # nothing written, nothing ran
+
+    line = check(grpoflow(checkout, *stage_args(params_file=str(checkout / "params.yaml"),
+                                                workdir=str(tmp_path / "w1"))), 2, "stage")
+    assert line.startswith("error: --parent-run-id x: no such run in sqlite:") and not (tmp_path / "w1").exists()
+    client = mlflow.MlflowClient()
+    parent = client.create_run(client.create_experiment("stage-test")).info.run_id
+    (checkout / "data").mkdir(exist_ok=True)
+    (checkout / "data" / "bad.jsonl").write_text('{"question": "2 + 2?"}\n')
+    subprocess.run(["git", "add", "data/bad.jsonl"], cwd=checkout, check=True)
+    subprocess.run(["git", "commit", "-qm", "a bad row"], cwd=checkout, check=True)
+    params = tmp_path / "params.yaml"
+    params.write_bytes(before)
+    write_overrides(params, ["data.train_source=jsonl:data/bad.jsonl"])
+    args = ["stage", "data", "--commit", "HEAD", "--params-file", str(params), "--remote", str(tmp_path / "remote"),
+            "--parent-run-id", parent, "--workdir", str(tmp_path / "w2")]
+    proc = grpoflow(checkout, *args)
+    assert "Traceback" not in proc.stdout + proc.stderr and proc.returncode == 1, proc.stderr[-3000:]
+    assert "error: stage 'data' failed in " in proc.stderr and ": 1 bad row(s) in the train source:" in proc.stderr
+    assert not (tmp_path / "w2").exists()
 
 
 def test_run_rejects_bad_params_before_touching_params_yaml(checkout):
@@ -212,3 +258,27 @@ def test_a_model_name_with_a_quote_is_refused_in_one_line_before_anything_is_cre
     assert proc.returncode == 2 and "\"it's\" cannot be a registered model's name" in one_line(proc)
     assert [m.name for m in client.search_registered_models()] == ["it's"]
     assert (checkout / "params.yaml").read_bytes() == before
+
+
+def test_a_forced_promotion_needs_a_reason_and_a_model_grpoflow_did_not_make_is_refused_unless_adopted(checkout):
+    """`promote --reason ""` would record "forced by USER:" and nothing else. A registered model grpoflow
+    did not make (here the user's own) is not grpoflow's to move: refused before anything is written,
+    its lock model included; `--adopt` marks it, and the move goes ahead."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    client.create_registered_model("theirs")
+    client.create_model_version("theirs", source="grpoflow-lease:/none", await_creation_for=0)
+    proc = grpoflow(checkout, "promote", "theirs", "1", "--reason", " ")
+    assert proc.returncode == 2 and "theirs: --reason is empty" in one_line(proc)
+    for command in (["promote", "theirs", "1", "--reason", "hand-checked"], ["rollback", "theirs"]):
+        proc = grpoflow(checkout, *command)
+        assert proc.returncode == 2, proc.stderr
+        line = one_line(proc)
+        assert line.startswith("error: theirs: a registered model grpoflow did not make") and "--adopt" in line
+    assert [m.name for m in client.search_registered_models()] == ["theirs"]  # no theirs.registry-lock
+    assert client.get_registered_model("theirs").tags == {} and client.get_registered_model("theirs").aliases == {}
+    proc = grpoflow(checkout, "promote", "theirs", "1", "--reason", "hand-checked", "--adopt")
+    assert proc.returncode == 0, proc.stderr
+    assert client.get_registered_model("theirs").tags == {"grpoflow.managed": "true"}
+    assert str(client.get_model_version_by_alias("theirs", "champion").version) == "1"

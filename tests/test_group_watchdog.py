@@ -92,3 +92,29 @@ def test_the_group_file_folder_need_not_exist(tmp_path):
                            sys.executable, "-c", "print('ran')"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr
+
+
+def test_a_stage_ended_by_sigint_while_sigint_is_ignored_is_an_interruption_not_a_failed_stage(tmp_path):
+    """Started from a script with `&`, the run ignores SIGINT; a SIGINT to its process group reaches
+    the stage's watchdog, which stops the stage. The run must see an interruption naming the signal
+    (Interrupted, as Ctrl-C: the runs marked KILLED, exit 130), not "stage failed … dvc exit 130"."""
+    (tmp_path / "dvc.yaml").write_text("stages:\n  slow:\n    cmd: sleep 60\n")
+    subprocess.run([sys.executable, "-m", "dvc", "init", "--no-scm", "-q"], cwd=tmp_path, check=True)
+    script = textwrap.dedent("""
+        import os, sys
+        from pipelines.execution.dvc_ops import run_dvc
+        try:
+            print("rc", run_dvc(["repro", "slow"], sys.argv[1], dict(os.environ))[0], flush=True)
+        except KeyboardInterrupt as exc:
+            print(type(exc).__name__, getattr(exc, "signum", None), flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    group = tmp_path / ".dvc" / "tmp" / "grpoflow-stage.group"
+    assert wait_until(lambda: group.is_file() and any(
+        "sleep" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        for pid in group_members(int(group.read_text().split()[0]))), 120), "the stage never started"
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert out.strip().splitlines()[-1] == f"Interrupted {int(signal.SIGINT)}", out

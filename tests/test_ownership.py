@@ -35,41 +35,48 @@ def test_stage_refuses_a_workdir_holding_the_users_files_and_leaves_them(tmp_pat
 
 
 def test_a_stage_workdir_goes_only_when_the_stage_made_it(tmp_path):
-    """A missing folder is made and removed; an empty one the user made stays, emptied; a file is refused."""
+    """The working copy goes in a folder made inside --workdir and only that goes afterwards (then
+    --workdir too, when it was made here and nothing else is in it); a file the user puts in --workdir
+    while the stage runs stays, in a folder they gave or one made here; a file as --workdir is refused."""
     from components.common.errors import GrpoflowError
     from pipelines.execution.gitrepo import own_workdir
 
+    for given in (tmp_path / "given", tmp_path / "made-here"):
+        if given.name == "given":
+            given.mkdir()
+        with own_workdir(given, "s-", keep=False) as work:
+            (work / "sub").mkdir(parents=True)
+            (work / "sub" / "f").write_text("x")
+            (given / "notes.txt").write_text("the user's, written while the stage runs")
+        assert [p.name for p in given.iterdir()] == ["notes.txt"], given
+        assert (given / "notes.txt").read_text() == "the user's, written while the stage runs"
+
     made = tmp_path / "new" / "copy"
-    with own_workdir(made, "s", keep=False) as work:
-        assert work == made and work.is_dir()
+    with own_workdir(made, "s-", keep=False) as work:
+        assert work == made / "s" and made.is_dir()
+        work.mkdir()  # as git clone makes it
         (work / "cloned.txt").write_text("x")
     assert not made.exists() and (tmp_path / "new").is_dir()
 
-    given = tmp_path / "given"
-    given.mkdir()
-    with own_workdir(given, "s", keep=False) as work:
-        (work / "sub").mkdir()
-        (work / "sub" / "f").write_text("x")
-    assert given.is_dir() and not any(given.iterdir())
-
-    with own_workdir(None, "s", keep=False) as work:
+    with own_workdir(None, "s-", keep=False) as work:
         temporary = work
         assert not work.exists()  # git clone makes it
         work.mkdir()
     assert not temporary.exists()
 
-    with own_workdir(made, "s", keep=True) as work:
+    with own_workdir(made, "s-", keep=True) as work:
+        work.mkdir()
         (work / "kept.txt").write_text("x")
-    assert (made / "kept.txt").is_file()
+    assert (made / "s" / "kept.txt").is_file()
 
     (tmp_path / "a-file").write_text("the user's")
     for path in (tmp_path / "a-file", made):
         try:
-            with own_workdir(path, "s", keep=False):
+            with own_workdir(path, "s-", keep=False):
                 raise AssertionError("entered")
         except GrpoflowError as exc:
             assert str(path) in str(exc)
-    assert (tmp_path / "a-file").read_text() == "the user's" and (made / "kept.txt").is_file()
+    assert (tmp_path / "a-file").read_text() == "the user's" and (made / "s" / "kept.txt").is_file()
 
 
 def test_export_replaces_its_own_export_and_refuses_another_models_folder(tmp_path):

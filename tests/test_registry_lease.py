@@ -151,3 +151,26 @@ def test_a_hung_tracking_server_inside_the_lease_ends_the_command_within_one_cal
         os.killpg(server.proc.pid, signal.SIGCONT)
     assert unavailable(err.value) is not None, err.value
     assert seconds < budget + 3, seconds
+
+
+def test_lock_rows_stay_bounded_after_50_moves(client):
+    """MLflow keeps a deleted version's row: one ticket per move would pile up for ever. The last holder
+    in the queue deletes the lock model with its rows, so 50 forced promotions leave none."""
+    import sqlite3
+
+    import mlflow
+
+    from pipelines.params.config import load_params
+    from pipelines.registry.moves import force_promote
+
+    client.create_registered_model("m", tags={"grpoflow.managed": "true"})
+    for _ in range(2):
+        client.create_model_version("m", source="grpoflow-lease:/none", await_creation_for=0)
+    params = load_params()
+    for i in range(50):
+        force_promote(params, "m", str(1 + i % 2), f"move {i}")
+    db = mlflow.get_tracking_uri().removeprefix("sqlite:///")
+    with sqlite3.connect(db) as con:
+        rows = con.execute("SELECT count(*) FROM model_versions WHERE name = 'm.registry-lock'").fetchone()[0]
+        champion = con.execute("SELECT version FROM registered_model_aliases WHERE name = 'm'").fetchone()[0]
+    assert rows <= 1 and champion == 2, rows

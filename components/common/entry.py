@@ -4,8 +4,8 @@
 every stage module (`python -m components.<stage> [--params F] [-S k=v]`).
 
 Exit codes: 2 for input a user can fix (components/common/errors.py GrpoflowError), 1 for a service that
-does not answer (ServiceUnavailable: the tracking server, the DVC remote) or an error MLflow or DVC
-raised; anything else is a bug and keeps its traceback.
+does not answer (ServiceUnavailable: the tracking server, the DVC remote), a stage that failed
+(CommandFailed) or an error MLflow or DVC raised; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import sys
 import typing
 
-from components.common.errors import GrpoflowError, ServiceUnavailable
+from components.common.errors import CommandFailed, GrpoflowError, ServiceUnavailable
 from components.common.params import Params
 from components.common.params_load import DEFAULT_PARAMS, PARAMS_ENV, load_params
 
@@ -67,6 +67,8 @@ def one_line_errors(command: typing.Callable[[], int | None]) -> int:
         return fail(exc, 1)
     except GrpoflowError as exc:
         return fail(exc, 2)
+    except CommandFailed as exc:
+        return fail(exc, 1)
     except Exception as exc:
         if (line := _external_error(exc)) is None:
             raise  # a bug: the traceback is what helps

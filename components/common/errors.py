@@ -10,6 +10,8 @@
       RegistryError         a registry operation cannot proceed
       ServiceUnavailable    a service does not answer (exit code 1): the DVC remote, or
         TrackingUnavailable the MLflow tracking server; the message names it and how to start it
+    CommandFailed           not the user's input: a stage, or DVC on it, failed (exit code 1); the message
+                            starts with the line that says why, then the stage's last lines of output
 
 Only the standard library is imported here: every module can import it.
 """
@@ -52,3 +54,8 @@ class ServiceUnavailable(GrpoflowError, RuntimeError):
 
 class TrackingUnavailable(ServiceUnavailable):
     """The MLflow tracking server does not answer; the message names its URI and how to start one."""
+
+
+class CommandFailed(RuntimeError):
+    """A stage, or DVC on it, failed (exit code 1): the message's first line says why, the lines after it
+    are the stage's last lines of output (already streamed to the terminal)."""

@@ -28,10 +28,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from components.common.errors import CommandFailed
 from components.common.tracking import PARENT_ENV
 from pipelines.execution.group_watchdog import GRACE_S, GROUP_FILE_ENV
 from pipelines.execution.runtime import TELEMETRY_OFF
 from pipelines.execution.services import check_remote, remote_settings
+from pipelines.handoff import Interrupted
 
 STAGE_GROUP_FILE = ".dvc/tmp/grpoflow-stage.group"  # the process group of the running dvc command
 PUSHED_FILE = ".dvc/tmp/grpoflow-pushed"  # dvc.lock's md5 and the remote of the last successful push
@@ -39,11 +41,11 @@ PUSHED_FILE = ".dvc/tmp/grpoflow-pushed"  # dvc.lock's md5 and the remote of the
 TRANSIENT_MARKERS = ("Unable to acquire lock", "is busy", "database is locked")
 
 
-class StageFailed(RuntimeError):
+class StageFailed(CommandFailed):
     """A stage command (or DVC on it) failed for a reason a retry will not fix."""
 
 
-class TransientError(RuntimeError):
+class TransientError(CommandFailed):
     """Worth retrying: DVC's lock was held by another process, or the subprocess did not start."""
 
 
@@ -182,8 +184,7 @@ def stage_env(parent_run_id: str | None, tracking_uri: str) -> dict[str, str]:
     env = {**os.environ}
     for key, value in TELEMETRY_OFF.items():
         env.setdefault(key, value)
-    bin_dir = os.path.dirname(sys.executable)
-    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env["MLFLOW_TRACKING_URI"] = tracking_uri
     env.pop("GRPOFLOW_PARAMS", None)  # DVC tracks the repo's params.yaml: stages must read that one
     if parent_run_id:
@@ -244,8 +245,9 @@ def run_dvc(
     """Run `dvc ARGS`, streaming its output (progress bars included); returns (rc, output tail).
     With `log`, whole lines go there too (LineLog; a running progress bar every `log_every_s` s).
 
-    DVC runs under pipelines/execution/group_watchdog.py: in a process group of its own that is stopped when this
-    process dies, however it dies, and recorded in STAGE_GROUP_FILE for the next run."""
+    DVC runs under pipelines/execution/group_watchdog.py: in a process group of its own, stopped when this process
+    dies, however it dies, recorded in STAGE_GROUP_FILE for the next run. A signal from outside that ends
+    the watchdog (even one this process ignores: `&` in a script) raises Interrupted, as Ctrl-C does."""
     cmd = [sys.executable, "-m", "pipelines.execution.group_watchdog", sys.executable, "-m", "dvc", *args]
     env = {**env, GROUP_FILE_ENV: str(Path(root) / STAGE_GROUP_FILE)}
     tail: collections.deque[str] = collections.deque(maxlen=60)
@@ -275,7 +277,9 @@ def run_dvc(
     tail.append(partial)
     if lines_log:
         lines_log.close()
-    return proc.wait(), "\n".join(line for line in tail if line.strip())
+    if (rc := proc.wait()) < 0:  # the watchdog ended by a signal from outside (it stopped DVC first)
+        raise Interrupted(-rc)
+    return rc, "\n".join(line for line in tail if line.strip())
 
 
 def stop_watched(proc: subprocess.Popen, grace: float = GRACE_S + 5) -> None:

@@ -61,33 +61,37 @@ def has_commit(root: str | os.PathLike, commit: str) -> bool:
 @contextlib.contextmanager
 def own_workdir(workdir: str | os.PathLike | None, prefix: str, keep: bool) -> Iterator[Path]:
     """The folder a working copy goes in, and afterwards (unless `keep`) the removal of what was made
-    there, and only that. `workdir` missing: made here, removed afterwards. Empty: the user's folder,
-    emptied afterwards and left in place. Holding anything, or a file: refused before anything is
-    written or removed. None: a new temporary path (missing, for `git clone` to make), removed after."""
+    there, and only that. None: a new temporary path (missing, for `git clone` to make), removed after.
+    A folder given: missing (made here) or empty, else refused before anything is written or removed;
+    the working copy goes in a folder made inside it, `DIR/<prefix without its dash>`, which alone is
+    removed afterwards, then DIR too when it was made here and nothing else is in it: a file someone
+    put in DIR meanwhile stays, and so does DIR."""
     if workdir is None:
         work = Path(tempfile.mkdtemp(prefix=prefix))
         work.rmdir()  # git clone makes it
-        made = True
-    else:
-        work = Path(workdir)
-        if work.exists() and not (work.is_dir() and not any(work.iterdir())):
-            raise WorkingCopyError(f"{work} is not empty; give a new folder")
-        made = not work.exists()
         try:
-            work.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:  # a file where a parent folder should be, no permission
-            raise WorkingCopyError(f"{work}: cannot make this folder ({exc.strerror}); give a new folder") from None
+            yield work
+        finally:
+            if not keep:
+                shutil.rmtree(work, ignore_errors=True)
+        return
+    given = Path(workdir)
+    if given.exists() and not (given.is_dir() and not any(given.iterdir())):
+        raise WorkingCopyError(f"{given} is not empty; give a new folder")
+    made = not given.exists()
+    try:
+        given.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file where a parent folder should be, no permission
+        raise WorkingCopyError(f"{given}: cannot make this folder ({exc.strerror}); give a new folder") from None
+    work = given / prefix.rstrip("-")  # made by git clone, in this run: everything in it is the working copy's
     try:
         yield work
     finally:
-        if not keep and made:
+        if not keep:
             shutil.rmtree(work, ignore_errors=True)
-        elif not keep and work.is_dir():  # the user's empty folder: only what this working copy put there
-            for entry in work.iterdir():
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
+            if made:
+                with contextlib.suppress(OSError):  # not empty: someone put something there; theirs, kept
+                    given.rmdir()
 
 
 def working_copy(source: Path, commit: str, workdir: Path) -> None:

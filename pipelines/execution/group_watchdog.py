@@ -17,7 +17,10 @@ POLL_S seconds whether its parent is still the process that started it.
 
 With GRPOFLOW_STAGE_GROUP_FILE set, the watchdog records the group there while the command runs, so
 that a later run can find and stop a group whose watchdog was killed too (`stop_orphans`).
-Only the standard library is used. Exit code: the command's (128 + signal when stopped).
+Only the standard library is used. Exit code: the command's. Stopped by a signal (SIGINT to the
+terminal's process group, even when the run started with SIGINT ignored, as `&` in a script does),
+the watchdog ends by that same signal once the group is stopped, so the process that started it sees
+the signal (return code -N), not a command that failed.
 """
 
 from __future__ import annotations
@@ -138,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         stop_group(proc.pid)
         if group_file:
             Path(group_file).unlink(missing_ok=True)
-        os._exit(128 + signum)
+        sys.stdout.flush()
+        signal.signal(signum, signal.SIG_DFL)  # die by the signal itself: the parent sees which
+        os.kill(os.getpid(), signum)
+        os._exit(128 + signum)  # (a signal whose default is not to end the process)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, stop)

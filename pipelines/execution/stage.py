@@ -69,6 +69,23 @@ def _stage_run_id(parent_run_id: str, stage: str, since_ms: int, status: str) ->
     return run.info.run_id
 
 
+def check_parent_run(parent_run_id: str, tracking_uri: str) -> None:
+    """InputError (exit 2) when the tracking server has no run `parent_run_id`: the stage's run would
+    be made a child of nothing, and only after the stage ran."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    try:
+        mlflow.MlflowClient().get_run(parent_run_id)
+    except MlflowException as exc:
+        if not any(code in str(exc.error_code) for code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")):
+            raise
+        raise InputError(f"--parent-run-id {parent_run_id}: no such run in {mlflow.get_tracking_uri()}; give the "
+                         "pipeline's MLflow parent run (its run id, as `grpoflow run` prints it)") from None
+
+
 def run_in_working_copy(
     stage: str,
     commit: str,
@@ -88,6 +105,7 @@ def run_in_working_copy(
     start = time.time()
     # Removed afterwards (unless keep) only as far as it was made here: a user's folder is never deleted.
     with own_workdir(workdir, f"grpoflow-stage-{stage}-", keep) as work:
+        check_parent_run(parent_run_id, tracking_uri)  # before the working copy: a wrong id leaves nothing
         working_copy(source, commit, work)
         write_text(work / "params.yaml", params_yaml)
         if dvc_lock:
@@ -113,7 +131,6 @@ def run_in_working_copy(
         entry = lock_entry(work, stage)
         import mlflow
 
-        mlflow.set_tracking_uri(tracking_uri)
         run_id = _stage_run_id(parent_run_id, stage, int(start * 1000), status)
         result = {
             "stage": stage, "status": status, "seconds": round(time.time() - start, 2), "lock_entry": entry,

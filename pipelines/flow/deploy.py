@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from components.common.errors import GrpoflowError
+from components.common.errors import GrpoflowError, ServiceUnavailable
 from components.common.tracking import repo_root
 from pipelines.execution.placement import PREFECT_FILE
 
@@ -99,7 +99,7 @@ def cli_deploy(args: argparse.Namespace) -> int:
             "`prefect server start` and `export PREFECT_API_URL=http://127.0.0.1:4200/api`"
         )
     if problem := check_server(api):
-        raise GrpoflowError(problem)
+        raise ServiceUnavailable(problem)
     for name in ensure_process_pools(process_pools(prefect_file)):
         print(f"created work pool {name} (type process); start its worker with: prefect worker start --pool {name}")
     names = ["--all"] if not args.name else [x for n in args.name for x in ("--name", n)]
@@ -123,7 +123,9 @@ def cli_schedule(args: argparse.Namespace) -> int:
         CronSchedule(cron=args.cron)
     except ValueError as exc:
         raise ConfigError(f"--cron {args.cron!r}: {exc}") from None
-    if not _api_url():
+    if (api := _api_url()) and (problem := check_server(api)):
+        raise ServiceUnavailable(problem)  # before Prefect's runner meets it (a traceback)
+    if not api:
         print("note: no PREFECT_API_URL: the schedule lives on a temporary Prefect server for as long as "
               "this process runs", flush=True)
         start_prefect_server().join()

@@ -90,8 +90,8 @@ def _run(args: argparse.Namespace, root: Path) -> int:
     except (KeyboardInterrupt, ExternalSignal) as exc:
         signum = getattr(exc, "signum", getattr(exc, "signal", signal.SIGINT))
         # on a line of its own: the stage's progress bar may have left the cursor mid-line (\r, no \n)
-        print(f"\ninterrupted during {resume_hint(load_checked(args, root), root, interrupted_stage(exc))}",
-              file=sys.stderr, flush=True)
+        print(f"\ninterrupted by {signal.Signals(signum).name} during "
+              f"{resume_hint(load_checked(args, root), root, interrupted_stage(exc))}", file=sys.stderr, flush=True)
         return 128 + signum
     print(format_run_summary(summary))
     print(time_line(_process_age(), startup, ready - waited, task_seconds(summary.run_id)))

@@ -10,8 +10,11 @@ The lowest live ticket holds the lease; the others wait for it. A process touche
 `heartbeat_s` seconds (`update_model_version`: the server's clock stamps `last_updated_timestamp`,
 so clocks of other machines do not matter); a ticket untouched for its `lease.ttl_s` (60 s) is
 dead, its process killed or stalled, and the next waiter deletes it. Releasing deletes one's own
-ticket. A holder calls `Lease.check()` right before a write that must not land after it lost the
-lease: a ticket deleted as dead means another process may hold the lease now.
+ticket; the last holder in the queue deletes the lock model instead, and with it every ticket row
+(MLflow keeps a deleted version's row, so tickets would pile up, one per move): the rows stay as many
+as the processes queued at once. A waiter whose ticket goes with it (it queued in between) takes a
+new one in the lock model made again. A holder calls `Lease.check()` right before a write that must
+not land after it lost the lease: a ticket deleted as dead means another process may hold the lease now.
 
 What this guarantees, and where (docs/registry.md, "One champion across checkouts"): on a tracking
 store backed by SQL (a `sqlite:` file, an `mlflow server` on SQLite; PostgreSQL and MySQL number
@@ -141,14 +144,19 @@ class Lease:
                                 "was written. Run the command again")
 
     def release(self, server_gone: bool = False) -> None:
-        """Delete this ticket. The heartbeat thread is not waited for (a daemon; a beat after the
-        delete finds the ticket gone). With `server_gone` (the block failed because the tracking
-        server stopped answering) no call is made: the ticket expires after its TTL, and the
-        command ends within one call's budget instead of three."""
+        """Delete this ticket, or, when no other is queued, the lock model with every ticket row. The
+        heartbeat thread is not waited for (a daemon; a beat after the delete finds the ticket gone).
+        With `server_gone` (the block failed because the tracking server stopped answering) no call
+        is made: the ticket expires after its TTL, and the command ends within one call's budget
+        instead of three."""
         self._stop.set()
         if server_gone:
             return
         with contextlib.suppress(Exception):  # gone already: deleted as dead by a waiter
+            tickets = self.client.search_model_versions(f"name = '{self.lock}'")
+            if {int(t.version) for t in tickets} == {self.ticket}:  # the last in the queue: prune the rows
+                self.client.delete_registered_model(self.lock)
+                return
             self.client.delete_model_version(self.lock, str(self.ticket))
 
     def wait(self, wait_s: float, say=print) -> None:
@@ -157,7 +165,8 @@ class Lease:
         while True:
             tickets = self.client.search_model_versions(f"name = '{self.lock}'")
             if not any(int(t.version) == self.ticket for t in tickets):
-                self.check()  # deleted as dead while it waited: raises
+                self._stop.set()  # deleted while it waited (as dead, or with the lock model): queue again
+                raise _Requeue
             now = self.server_now_ms()
             live = []
             for t in tickets:
@@ -181,6 +190,10 @@ class Lease:
             time.sleep(min(POLL_S * ahead, 1.0) * random.uniform(0.5, 1.5))
 
 
+class _Requeue(Exception):  # noqa: N818 (not an error: the waiter takes a new ticket)
+    """A waiting process's ticket was deleted before it held the lease."""
+
+
 def ttl_of(ticket) -> float:
     return float(ticket.tags.get(TTL_TAG, TTL_S))
 
@@ -190,11 +203,28 @@ def registry_lease(client, name: str, purpose: str, *, wait_s: float = WAIT_S, t
                    heartbeat_s: float = HEARTBEAT_S) -> Iterator[Lease]:
     """Hold `name`'s registry lease for the block (see the module docstring); `purpose` is shown to
     processes that wait for it."""
-    lock = lock_name(name)
-    _ensure_lock_model(client, lock)
-    lease = Lease(client, lock, purpose, ttl_s, heartbeat_s)
+    from mlflow.exceptions import MlflowException
+
+    lock, deadline = lock_name(name), time.monotonic() + wait_s
+    while True:
+        _ensure_lock_model(client, lock)
+        try:
+            lease = Lease(client, lock, purpose, ttl_s, heartbeat_s)
+        except MlflowException as exc:  # the lock model was deleted in between by the last holder: again
+            if not _missing(exc):
+                raise
+            continue
+        try:
+            lease.wait(max(deadline - time.monotonic(), 0.0))
+            break
+        except _Requeue:
+            continue
+        except BaseException as exc:
+            from pipelines.execution.services import unavailable
+
+            lease.release(server_gone=unavailable(exc) is not None)
+            raise
     try:
-        lease.wait(wait_s)
         yield lease
     except BaseException as exc:
         from pipelines.execution.services import unavailable

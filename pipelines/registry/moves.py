@@ -2,16 +2,18 @@
 a decision written and the alias moved (the gate's last step), `grpoflow promote` (forced),
 `grpoflow rollback`, and the repair of what a race of older grpoflow versions left behind.
 
-The order of writes leaves nothing half-written when a process stops between two of them: a
-decision's numbers and reason first, then the alias (only if the champion is still the one the
-decision was made against and this process still holds the lease), then `promotion.decision`
-last: the commit marker the next gate checks. A rollback checks everything before its first write
-(a champion, the version it replaced, still in the registry), moves the alias, then tags the two.
+Each move records its intent before its first write (pipelines/registry/journal.py), so that a rerun
+after any failure completes that same move and starts no other. Its writes, in order: a decision's
+numbers and reason first, then the alias (only if the champion is still the one the decision was
+made against and this process still holds the lease), then `promotion.decision` last, which the next
+gate checks. A rollback checks everything before its first write (a champion, the version it
+replaced, still in the registry), then moves the alias and tags the two.
 """
 
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import getpass
 import time
 
@@ -19,13 +21,17 @@ from components.common.errors import RegistryError
 from components.common.params import Params
 from components.common.params_rules import check_model_name
 from pipelines.handoff import Decision
+from pipelines.registry import journal
+from pipelines.registry.journal import Move
 from pipelines.registry.lease import Lease, registry_lease
 from pipelines.registry.register import (
+    CHALLENGER,
     CHAMPION,
     DECISION_TAG,
     PREVIOUS_TAG,
     REASON_TAG,
     alias_version,
+    check_owned,
     client_for,
 )
 
@@ -63,18 +69,6 @@ def tag_value(value) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def move_champion(client, lease: Lease, name: str, expected: str | None, to: str, doing: str) -> None:
-    """Put `champion` on `to`, only if it is still on `expected` and this process still holds the lease."""
-    now = alias_version(client, name, CHAMPION)
-    if (now.version if now else None) != expected:
-        raise RegistryError(
-            f"{name}: the champion moved from v{expected} to v{now.version if now else None} outside grpoflow's "
-            f"registry lease (by hand?) while {doing}; nothing moved. Run the command again"
-        )
-    lease.check()
-    client.set_registered_model_alias(name, CHAMPION, to)
-
-
 def unmoved(name: str, read: str | None, now: str | None, command: str) -> None:
     """RegistryError when the champion read before taking the lease is no longer champion in this
     process's turn: the user asked about the one they saw; nothing is moved or written."""
@@ -85,20 +79,31 @@ def unmoved(name: str, read: str | None, now: str | None, command: str) -> None:
             f"lease; nothing moved. Check the champion, then run the command again if it still applies")
 
 
-def write_decision(client, lease: Lease, decision: Decision, move_alias: bool, run_id: str | None = None) -> None:
-    """Numbers and reason, then the alias (if `move_alias`), then the decision tag (the commit marker)."""
+def decision_move(decision: Decision, move_alias: bool, run_id: str | None = None, challenger: bool = False,
+                  command: str = "") -> Move:
+    """A decision's writes: numbers and reason, who and when, then (if `move_alias`) the previous champion
+    and the alias, then the decision tag (what the next gate checks); with `challenger`, the challenger
+    alias on the version first."""
     name, version = decision.name, decision.version
+    kind = "gate" if decision.decision != "forced" else "forced"
+    move = Move(kind, version, command or f"grpoflow run (the gate of {name} v{version})",
+                f"the {'gate' if kind == 'gate' else 'forced promotion'} of {name} v{version} ({decision.decision})",
+                decision={"name": name, "version": version, "decision": decision.decision,
+                          "champion_before": decision.champion_before})
+    if challenger:
+        move.alias(CHALLENGER, version, any_from=True)
     for key, value in decision.numbers.items():
-        client.set_model_version_tag(name, version, f"promotion.{key}", tag_value(value))
-    client.set_model_version_tag(name, version, REASON_TAG, decision.reason)
+        move.tag(version, f"promotion.{key}", tag_value(value))
+    move.tag(version, REASON_TAG, decision.reason)
     if run_id:
-        client.set_model_version_tag(name, version, DECIDED_BY_TAG, run_id)
-    client.set_model_version_tag(name, version, DECIDED_AT_TAG, time.strftime(TIME_FORMAT, time.gmtime()))
+        move.tag(version, DECIDED_BY_TAG, run_id)
+    move.tag(version, DECIDED_AT_TAG, time.strftime(TIME_FORMAT, time.gmtime()))
     if move_alias:
         if decision.champion_before and decision.champion_before != version:
-            client.set_model_version_tag(name, version, PREVIOUS_TAG, decision.champion_before)
-        move_champion(client, lease, name, decision.champion_before, version, f"deciding on v{version}")
-    client.set_model_version_tag(name, version, DECISION_TAG, decision.decision)
+            move.tag(version, PREVIOUS_TAG, decision.champion_before)
+        move.alias(CHAMPION, version, decision.champion_before)
+    move.tag(version, DECISION_TAG, decision.decision)
+    return move
 
 
 def as_decided(client, mv) -> str:
@@ -116,13 +121,17 @@ def as_decided(client, mv) -> str:
     return f"{now}, decided by run {run} on {when}; nothing changed since"
 
 
-def force_promote(params: Params, name: str, version: str, reason: str) -> Decision:
+def force_promote(params: Params, name: str, version: str, reason: str, adopt: bool = False) -> Decision:
     """Put `champion` on a version by hand; the reason and who did it are tagged."""
     check_model_name(name, "the model name")
     version = str(version)
     if not version.isdecimal():
         raise RegistryError(f"{name}: version {version!r} is not a version number (1, 2, …)")
+    if not reason.strip():
+        raise RegistryError(f"{name}: --reason is empty; say why v{version} is forced past the gate (it is recorded)")
     client = client_for(params)
+    check_owned(client, name, adopt, f"grpoflow promote {name} {version} --reason TEXT")
+    command = f"grpoflow promote {name} {version} --reason {reason!r}"
 
     def champion_now() -> str | None:
         champion = alias_version(client, name, CHAMPION)
@@ -130,14 +139,19 @@ def force_promote(params: Params, name: str, version: str, reason: str) -> Decis
             raise RegistryError(f"{name} v{version} is already the champion")
         return champion.version if champion else None
 
-    model_version(client, name, version)  # before taking the lease: a mistake fails at once, touching nothing
-    champion_now()
+    if journal.pending(client, name) is None:  # before taking the lease: a mistake fails at once, touching nothing
+        model_version(client, name, version)
+        champion_now()
     with registry_lease(client, name, f"grpoflow promote v{version}") as lease:
+        done = journal.complete(client, lease, name)
+        if done is not None and (done.kind, done.version) == ("forced", version):
+            return done.result()  # this command's own move, left unfinished: completed, no other started
+        model_version(client, name, version)
         # A forced promotion names its version, not the champion it replaces: it goes ahead over the
         # champion of its turn, which it records (a rollback, which undoes a champion, refuses instead).
         before = champion_now()
         decision = Decision(name, version, "forced", f"forced by {getpass.getuser()}: {reason}", before)
-        write_decision(client, lease, decision, move_alias=True)
+        journal.run(client, lease, name, decision_move(decision, move_alias=True, command=command))
     return decision
 
 
@@ -159,19 +173,31 @@ def _rollback_target(client, name: str) -> tuple[str, str]:
     return champion.version, previous
 
 
-def rollback(params: Params, name: str) -> Decision:
+def rollback(params: Params, name: str, adopt: bool = False) -> Decision:
     """Move `champion` back to the version it replaced (its `promotion.previous_champion` tag)."""
     check_model_name(name, "the model name")
     client = client_for(params)
-    read, _ = _rollback_target(client, name)  # before taking the lease: a mistake fails at once, touching nothing
+    check_owned(client, name, adopt, f"grpoflow rollback {name}")
+    # Before taking the lease, a mistake fails at once, touching nothing (unless a rollback is to be completed).
+    read = _rollback_target(client, name)[0] if journal.pending(client, name) is None else None
     with registry_lease(client, name, "grpoflow rollback") as lease:
+        done = journal.complete(client, lease, name)
+        if done is not None and done.kind == "rollback":
+            return done.result()  # the rollback this command left unfinished: completed, not a second one
         champion, previous = _rollback_target(client, name)  # again, in this process's turn
-        unmoved(name, read, champion, f"grpoflow rollback {name}")
-        move_champion(client, lease, name, champion, previous, "rolling back")
+        if read is not None:
+            unmoved(name, read, champion, f"grpoflow rollback {name}")
         user = getpass.getuser()
-        client.set_model_version_tag(name, champion, ROLLBACK_REASON_TAG, f"rolled back by {user} to v{previous}")
-        client.set_model_version_tag(name, previous, RESTORED_FROM_TAG, champion)
-    return Decision(name, previous, "rollback", f"champion moved back from v{champion} to v{previous}", champion)
+        decision = Decision(name, previous, "rollback", f"champion moved back from v{champion} to v{previous}",
+                            champion)
+        move = Move("rollback", previous, f"grpoflow rollback {name}",
+                    f"the rollback of {name} (champion v{champion} -> v{previous})",
+                    decision=dataclasses.asdict(decision))
+        move.alias(CHAMPION, previous, champion)
+        move.tag(champion, ROLLBACK_REASON_TAG, f"rolled back by {user} to v{previous}")
+        move.tag(previous, RESTORED_FROM_TAG, champion)
+        journal.run(client, lease, name, move)
+    return decision
 
 
 # --------------------------------------------------------------------------- an older race's stray tags

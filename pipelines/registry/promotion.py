@@ -23,8 +23,9 @@ registry lease (pipelines/registry/lease.py), so gates, forced promotions and ro
 checkout sharing the registry take turns, and each gate compares against the champion of its turn.
 A re-evaluation (minutes) runs outside the lease; if the champion moved meanwhile, the gate
 re-evaluates the new one, and after REEVALUATIONS moves it records `superseded`. The numbers and the
-decision are written as version tags (`promotion.*`) and printed, in the order moves.write_decision
-gives (`promotion.decision` last), so an interrupted gate is completed by the next run.
+decision are written as version tags (`promotion.*`) and printed, in the order moves.decision_move
+gives (`promotion.decision` last), its intent recorded first (pipelines/registry/journal.py), so an
+interrupted gate is completed by the next run.
 """
 
 from __future__ import annotations
@@ -44,19 +45,19 @@ from components.evaluation.reports import ITEM_COLUMNS, headline, item_column
 from components.problems.bands import band_label, in_band, parse_band
 from pipelines.handoff import Decision, Registration
 from pipelines.params.config import load_checked
+from pipelines.registry import journal
 from pipelines.registry.lease import registry_lease
 from pipelines.registry.moves import (
     DECIDED_BY_TAG,
     as_decided,
+    decision_move,
     force_promote,
     model_version,
     reconcile,
     repair_strays,
     rollback,
-    write_decision,
 )
 from pipelines.registry.register import (
-    CHALLENGER,
     CHAMPION,
     DECISION_TAG,
     EVAL_KEYS,
@@ -252,13 +253,17 @@ def gate(params: Params, registration: Registration, root: str | os.PathLike | N
     client = client_for(params, root)
     mv = model_version(client, name, version)
     by = f"the gate of v{version}"
-    if DECISION_TAG in mv.tags:  # decided by an earlier run: nothing to do but repair an older race's tags
+    unfinished = journal.pending(client, name)
+    if DECISION_TAG in mv.tags and unfinished is None:  # decided by an earlier run: only an older race's tags
         repair_strays(client, name, by)
         return _decided(client, client.get_model_version(name, version))
     challenger_rows, checked = registered_items(name, version, mv.tags)
     reevaluated: dict[str, dict[str, dict[str, Any]]] = {}  # champion version -> its rows on our items
     while True:
         with registry_lease(client, name, by) as lease:
+            done = journal.complete(client, lease, name)
+            if done is not None and (done.kind, done.version) == ("gate", version):
+                return done.result()  # this gate's own move, left unfinished by an earlier run: completed
             mv = client.get_model_version(name, version)
             if DECISION_TAG in mv.tags:  # another checkout gated this version meanwhile
                 return _decided(client, mv)
@@ -279,9 +284,8 @@ def gate(params: Params, registration: Registration, root: str | os.PathLike | N
                                     checked and champion_checked)
             if not again or len(reevaluated) == REEVALUATIONS:
                 reconcile(client, lease, name, by)
-                client.set_registered_model_alias(name, CHALLENGER, version)
-                write_decision(client, lease, decision, move_alias=decision.decision == "promoted",
-                               run_id=registration.run_id)
+                journal.run(client, lease, name, decision_move(
+                    decision, move_alias=decision.decision == "promoted", run_id=registration.run_id, challenger=True))
                 return decision
         # outside the lease: a re-evaluation takes minutes, and the others need not wait for it
         rows = reevaluate(params, name, champion.version, root, eval_settings(mv.tags)["test_sha256"])
@@ -313,9 +317,9 @@ def _registry_command(args: argparse.Namespace, action: Callable[[Params], Decis
 
 def cli_promote(args: argparse.Namespace) -> int:
     """`grpoflow promote NAME VERSION --reason TEXT`."""
-    return _registry_command(args, lambda p: force_promote(p, args.name, str(args.version), args.reason))
+    return _registry_command(args, lambda p: force_promote(p, args.name, str(args.version), args.reason, args.adopt))
 
 
 def cli_rollback(args: argparse.Namespace) -> int:
     """`grpoflow rollback NAME`."""
-    return _registry_command(args, lambda p: rollback(p, args.name))
+    return _registry_command(args, lambda p: rollback(p, args.name, args.adopt))

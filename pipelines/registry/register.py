@@ -12,9 +12,16 @@ It logs the evaluation reports next to the model and creates a version of
 the base/SFT/GRPO table. The version is created in one call with all
 its tags; `lineage.dvc_lock_md5` is the idempotency key: a pipeline whose dvc.lock did not change
 makes no new version. The new version gets the alias `challenger` (under the registry lease,
-pipelines/registry/lease.py); the `promote` step (pipelines/registry/promotion.py) decides whether
-it becomes `champion`, on the items registered with it: `eval.items_uri` names them and
-`eval.items_sha256` records their hash, which `registered_items` checks when it reads them back.
+pipelines/registry/lease.py): it is created tagged `grpoflow.pending_alias: challenger`, the intent,
+deleted once the alias is on it, so that a rerun after a failure in between sets it. The `promote` step
+(pipelines/registry/promotion.py) decides whether it becomes `champion`, on the items registered with
+it: `eval.items_uri` names them and `eval.items_sha256` records their hash, which `registered_items`
+checks when it reads them back.
+
+A registered model grpoflow creates carries the tag `grpoflow.managed: true`, its mark; grpoflow adds
+versions to, and moves the aliases of, only a model with the mark (`check_owned`), or one whose versions
+carry the `lineage.dvc_lock_md5` grpoflow's own registration writes (made before the mark was; it is then
+marked). Any other model is refused in one line, unless the user adopts it (`--adopt`).
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ ITEMS_TAG = "eval.items_uri"
 ITEMS_SHA_TAG = "eval.items_sha256"  # the items file's sha256 at registration: what the gate checks
 # What the version was evaluated on: the gate compares two versions directly only when these match.
 EVAL_KEYS = ("test_sha256", "protocol", "max_new_tokens")
+MANAGED_TAG = "grpoflow.managed"  # a registered model's tag: grpoflow created it (or the user adopted it)
+PENDING_TAG = "grpoflow.pending_alias"  # a new version's tag until the alias it names is on it
 DECISION_TAG = "promotion.decision"
 REASON_TAG = "promotion.reason"
 PREVIOUS_TAG = "promotion.previous_champion"
@@ -172,15 +181,44 @@ def client_for(params: Params, root: str | os.PathLike | None = None):
 
 
 def _ensure_registered_model(
-    client, name: str, description: str = "GRPO-trained policy registered by the grpoflow pipeline."
+    client, name: str, description: str = "GRPO-trained policy registered by the grpoflow pipeline.",
+    version_tag: str = LOCK_TAG,
 ) -> None:
+    """Create the registered model, with grpoflow's mark; one that exists must be grpoflow's (check_owned)."""
     from mlflow.exceptions import MlflowException
 
     try:
-        client.create_registered_model(name, description=description)
+        client.create_registered_model(name, tags={MANAGED_TAG: "true"}, description=description)
     except MlflowException as exc:
         if "already exists" not in str(exc).lower() and "ALREADY_EXISTS" not in str(exc.error_code):
             raise
+        check_owned(client, name, False, f"the pipeline's register step (register.model_name={name})", version_tag)
+
+
+def check_owned(client, name: str, adopt: bool, command: str, version_tag: str = LOCK_TAG) -> None:
+    """RegistryError (nothing written) when `name` is a registered model grpoflow did not make: neither
+    its mark (MANAGED_TAG) nor a version grpoflow registered (`version_tag`, which grpoflow writes on
+    every version: `lineage.dvc_lock_md5`, a base's weights hash; an older grpoflow's model, marked now).
+    With `adopt`, the model is marked and becomes grpoflow's. A model that does not exist is left to the
+    caller's own check."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        model = client.get_registered_model(name)
+    except MlflowException as exc:
+        if "RESOURCE_DOES_NOT_EXIST" in str(exc.error_code):
+            return
+        raise
+    if model.tags.get(MANAGED_TAG) == "true":
+        return
+    ours = client.search_model_versions(f"name = '{name}' and tags.`{version_tag}` LIKE '%'", max_results=1)
+    if not (adopt or ours):
+        how = f"{command} --adopt" if command.startswith("grpoflow ") else f"choose another name for {command}"
+        raise RegistryError(f"{name}: a registered model grpoflow did not make (no {MANAGED_TAG} tag, no version "
+                            f"registered by grpoflow); nothing written. To let grpoflow move its aliases: {how}")
+    client.set_registered_model_tag(name, MANAGED_TAG, "true")
+    if adopt and not ours:
+        print(f"registry: {name} adopted: tagged {MANAGED_TAG}=true", flush=True)
 
 
 def find_version(client, name: str, lock_md5: str):
@@ -227,7 +265,8 @@ def register_base(client, name: str, base_dir: Path, ref: adapters.BaseRef, run_
 
     sha = ref.weights_sha256 or adapters.weights_sha256(base_dir)
     base_name = base_model_name(name)
-    _ensure_registered_model(client, base_name, f"Base models the LoRA adapters of {name} apply to (by weights hash).")
+    _ensure_registered_model(client, base_name, f"Base models the LoRA adapters of {name} apply to (by weights hash).",
+                             WEIGHTS_TAG)
     found = client.search_model_versions(f"name = '{base_name}' and tags.`{WEIGHTS_TAG}` = '{sha}'")
     if found:
         version = str(min(found, key=lambda v: int(v.version)).version)
@@ -270,6 +309,8 @@ def register(
     _ensure_registered_model(client, name)
     existing = find_version(client, name, lock_md5)
     if existing is not None:
+        if existing.tags.get(PENDING_TAG):  # registered by an earlier run that stopped before its alias
+            set_pending_alias(client, name, str(existing.version), existing.tags[PENDING_TAG])
         return Registration(name, str(existing.version), created=False, run_id=existing.run_id)
 
     src = model_dir(params, root)
@@ -323,6 +364,7 @@ def register(
         f"{LINEAGE}pipeline_run_id": run_id,
         KIND_TAG: "adapter" if adapter else "full",
         **base_tags,
+        PENDING_TAG: CHALLENGER,  # the intent: deleted once the alias is on this version
     }
     mv = client.create_model_version(
         name,
@@ -332,6 +374,12 @@ def register(
         description=metrics_table(metrics, comparison),
         model_id=info.model_id,
     )
-    with registry_lease(client, name, f"register v{mv.version}"):
-        client.set_registered_model_alias(name, CHALLENGER, str(mv.version))
+    set_pending_alias(client, name, str(mv.version), CHALLENGER)
     return Registration(name, str(mv.version), created=True, run_id=run_id)
+
+
+def set_pending_alias(client, name: str, version: str, alias: str) -> None:
+    """Put `alias` on a new version, then delete the version's PENDING_TAG (under the registry lease)."""
+    with registry_lease(client, name, f"register v{version}"):
+        client.set_registered_model_alias(name, alias, version)
+        client.delete_model_version_tag(name, version, PENDING_TAG)

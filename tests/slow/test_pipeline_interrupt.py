@@ -52,7 +52,8 @@ def test_an_interrupt_during_sft_stops_cleanly_in_one_line_and_the_next_run_resu
     assert time.monotonic() - start < 20
     assert "Traceback" not in out, out[-3000:]
     last = out.strip().splitlines()[-1]
-    assert re.fullmatch(r"interrupted during sft; `grpoflow run` resumes from checkpoint-\d+", last), out[-3000:]
+    assert re.fullmatch(rf"interrupted by {sig.name} during sft; `grpoflow run` resumes from checkpoint-\d+", last), \
+        out[-3000:]
     with sqlite3.connect(repo / "mlflow.db") as db:
         assert db.execute("SELECT name FROM runs WHERE status = 'RUNNING'").fetchall() == []
         states = dict(db.execute("SELECT name, status FROM runs ORDER BY start_time DESC LIMIT 4").fetchall())
