@@ -231,3 +231,27 @@ def test_rollouts_compute_in_bf16_on_a_cpu_only_where_training_does(merge):
     for name, param in model.named_parameters():
         assert torch.equal(param, before[name]) and param.dtype == torch.float32, name
         assert param.data_ptr() == storage[name], name  # the optimizer's tensors, not copies
+
+
+def test_grouped_attention_equals_transformers_sdpa_with_a_padding_mask_and_restores_it():
+    """rollouts.grouped_attention: grouped-query attention without the per-head KV copy gives SDPA's
+    output (a decode step and a prefill, left padding masked), and puts transformers' function back."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from components.training import rollouts
+
+    torch.manual_seed(0)
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)
+    for q_len in (1, 5):
+        query, key, value = torch.randn(4, 9, q_len, 16), torch.randn(4, 3, 12, 16), torch.randn(4, 3, 12, 16)
+        mask = torch.ones(4, 1, q_len, 12, dtype=torch.bool).tril(12 - q_len)
+        mask[1, :, :, :3] = False  # row 1 is left-padded by 3
+        want, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+        with rollouts.grouped_attention():
+            grouped = ALL_ATTENTION_FUNCTIONS["sdpa"]
+            got, _ = grouped(module, query, key, value, mask, scaling=0.25)
+        assert got.shape == want.shape == (4, q_len, 9, 16)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa_attention_forward

@@ -28,6 +28,8 @@ first EOS token (kept, as TRL keeps it) or at `max_new_tokens`.
                                    logprobs=True, each token's log-probability, one list per row);
                                    greedy=True: the most likely token at each step instead (evaluation)
     BufferCache(capacity, layers)  a KV cache of preallocated buffers (rows can be dropped)
+    grouped_attention()            context: grouped-query attention on a CPU without a copy of the KV
+                                   cache per query head (the evaluation's batched backend)
 """
 
 from __future__ import annotations
@@ -174,6 +176,60 @@ def BufferCache(capacity: int, layers: int) -> Any:  # noqa: N802 (builds a tran
 
     layer = _buffer_layer_class()
     return Cache(layers=[layer(capacity) for _ in range(layers)])
+
+
+def _grouped_attention(original: Any) -> Any:
+    """An attention function for transformers' "sdpa" slot that, on a CPU, computes grouped-query
+    attention (fewer key/value heads than query heads) without copying the keys and values once per
+    query head: transformers' SDPA path calls `repeat_kv` wherever a mask is given off CUDA, a copy of
+    the whole KV cache in every layer at every decode step (SmolLM2: 3 key/value heads for 9 query
+    heads). The query heads of a group attend to their key/value head in one batched matrix product;
+    float32 scores and softmax, masked positions at float32's lowest value (as eager attention adds it).
+    Anything else (no grouping, another device, dropout, extra arguments) goes to `original`."""
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+        import torch
+
+        heads, kv_heads = query.shape[1], key.shape[1]
+        if (heads == kv_heads or query.device.type != "cpu" or dropout
+                or any(v is not None for k, v in kwargs.items() if k in ("s_aux", "position_bias", "sinks"))):
+            return original(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                            is_causal=is_causal, **kwargs)
+        b, _, q, d = query.shape
+        groups, length = heads // kv_heads, key.shape[2]
+        scores = torch.matmul(query.reshape(b, kv_heads, groups * q, d).float(), key.transpose(-1, -2).float())
+        scores = (scores * (scaling if scaling is not None else d**-0.5)).view(b, kv_heads, groups, q, length)
+        if attention_mask is None and q > 1:
+            attention_mask = torch.ones(q, length, dtype=torch.bool, device=query.device).tril(length - q)[None, None]
+        if attention_mask is not None:
+            mask = attention_mask[..., :length].unsqueeze(2)  # (b or 1, 1, 1, q, length)
+            low = torch.finfo(torch.float32).min
+            scores = (scores.masked_fill(~mask, low) if mask.dtype == torch.bool
+                      else (scores + mask.float()).clamp(min=low))
+        probs = torch.softmax(scores, dim=-1).to(value.dtype).view(b, kv_heads, groups * q, length)
+        out = torch.matmul(probs, value).view(b, heads, q, d)
+        return out.transpose(1, 2).contiguous(), None
+
+    return attention
+
+
+class grouped_attention:  # noqa: N801 (a context manager used as `with grouped_attention():`)
+    """Inside the block, transformers' "sdpa" attention is `_grouped_attention`'s (the model's own
+    attention function otherwise); the mapping is restored on exit."""
+
+    def __enter__(self) -> None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        self.saved = ALL_ATTENTION_FUNCTIONS._local_mapping.get("sdpa")
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = _grouped_attention(ALL_ATTENTION_FUNCTIONS["sdpa"])
+
+    def __exit__(self, *exc: Any) -> None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        if self.saved is None:
+            del ALL_ATTENTION_FUNCTIONS["sdpa"]
+        else:
+            ALL_ATTENTION_FUNCTIONS["sdpa"] = self.saved
 
 
 def _full_attention_layers(model: Any) -> int | None:
