@@ -240,7 +240,7 @@ def test_grouped_attention_equals_transformers_sdpa_with_a_padding_mask_and_rest
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from components.training import rollouts
+    from components.models import sampling as rollouts
 
     torch.manual_seed(0)
     module = SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)

@@ -1,6 +1,6 @@
 """GRPO's throughput options on a CPU (issue 41), each checked on a tiny model:
 
-- `grpo.rollout_engine: batched` (components/training/rollouts.py): the same tokens as
+- `grpo.rollout_engine: batched` (components/models/sampling.py): the same tokens as
   `model.generate` (greedy through top-k 1, rows ending early and leaving the batch), the first token
   sampled from the temperature and top-k distribution, inside the stage's trainer;
 - `grpo.informative_groups_only` (components/training/informative.py): only the groups with a reward
@@ -58,7 +58,7 @@ def generated(model, prompts, config):
 def test_batched_rollouts_decode_what_generate_decodes_with_rows_ending_and_leaving_the_batch():
     from transformers import GenerationConfig
 
-    from components.training import rollouts
+    from components.models import sampling as rollouts
 
     model = tiny_llama()
     eos = [44, 86]  # tokens this model samples early in some rows and never in others
@@ -75,7 +75,7 @@ def test_batched_rollouts_sample_the_first_token_from_the_temperature_and_top_k_
     top k (computed here by hand), within 5 standard deviations; nothing outside the top k."""
     from transformers import GenerationConfig
 
-    from components.training import rollouts
+    from components.models import sampling as rollouts
 
     model = tiny_llama(1)
     with torch.no_grad():
@@ -101,7 +101,7 @@ def test_batched_rollouts_return_each_sampled_tokens_log_prob_as_a_forward_pass_
     TRL's log-prob pass computes and PPO's ratio divides by), for every row, ended early or not."""
     from transformers import GenerationConfig
 
-    from components.training import rollouts
+    from components.models import sampling as rollouts
 
     model = tiny_llama(1)
     with torch.no_grad():
@@ -124,7 +124,7 @@ def test_batched_rollouts_return_each_sampled_tokens_log_prob_as_a_forward_pass_
 def test_batched_rollouts_cover_only_the_sampling_settings_they_reproduce():
     from transformers import GenerationConfig
 
-    from components.training import rollouts
+    from components.models import sampling as rollouts
 
     assert rollouts.supported(GenerationConfig(do_sample=True, temperature=0.8, top_k=0, top_p=1.0, min_p=0.1,
                                                repetition_penalty=1.0))

@@ -49,7 +49,7 @@ OWN = {"_cpu_bf16", "_batched_rollouts", "_passes_context", "_informative_part",
        "_last_rewards", "_grpoflow_logged_batch"}
 # Module-level private names patched or imported.
 PATCHED = {("trl.trainer.utils", "_use_triton"): "components/training/lean_passes.py (compact_lm_head)"}
-# transformers internals the batched rollouts subclass (components/training/rollouts.py BufferLayer):
+# transformers internals the batched rollouts subclass (components/models/sampling.py BufferLayer):
 # DynamicLayer's methods it overrides and the attributes the cache reads back.
 TRANSFORMERS_LAYER = ("lazy_initialization", "update", "get_seq_length", "get_max_length",
                       "batch_select_indices")

@@ -237,7 +237,7 @@ def transformers_generate(
 def batched_generate(
     model, tokenizer, prompt_ids: list[list[int]], settings: GenerationSettings, eos_ids: list[int]
 ) -> list[list[int]]:
-    """Greedy completions by GRPO's rollout sampler (components/training/rollouts.py `sample`, greedy):
+    """Greedy completions by GRPO's rollout sampler (components/models/sampling.py `sample`, greedy):
     `settings.batch_size` prompts at a time, sorted by length; each prompt prefilled once, the KV cache
     written in place, the rows that ended leave the batch, and grouped-query attention reads each key/value
     head once (rollouts.grouped_attention). The same argmax as `model.generate`'s greedy search, with less
@@ -245,7 +245,7 @@ def batched_generate(
     does not hold, goes to transformers_generate."""
     from tqdm import tqdm
 
-    from components.training import rollouts
+    from components.models import sampling as rollouts
 
     if rollouts._full_attention_layers(model) is None:
         log.info("backend batched: the model has sliding-window layers; generating with model.generate")

@@ -19,7 +19,8 @@ from typing import Any
 from trl import GRPOTrainer
 
 from components.common.params import GRPOParams
-from components.training import informative, lean_passes, logps, rollouts
+from components.models import sampling as rollouts
+from components.training import informative, lean_passes, logps
 
 # The sampled completions in the MLflow run: one file per logging step that saw a new generation batch,
 # never rewritten (mlflow.log_table appends by downloading the table and uploading it whole: at every

@@ -96,7 +96,7 @@ def shared_prefix_logps(model: Any, input_ids: Any, attention_mask: Any, logits_
     import torch
     from transformers.cache_utils import DynamicCache
 
-    from components.training.rollouts import _cache_keyword
+    from components.models.sampling import _cache_keyword
 
     rows, width = input_ids.shape
     split = width - logits_to_keep - 1  # columns [0, split): the prefix; [split, width): last prompt token + completion

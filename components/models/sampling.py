@@ -1,5 +1,6 @@
 """GRPO's transformers rollouts for large generation batches: a decoding loop that does only the work
-sampling needs (`grpo.rollout_engine: batched`).
+sampling needs (`grpo.rollout_engine: batched`); greedy, the evaluation's `batched` backend
+(components/evaluation/generation.py), which is why it lives with the models and not with training.
 
 `model.generate` over a GRPO generation batch (each prompt repeated `num_generations` times) spends
 its time where a CPU has none to spare: it prefills every copy of a prompt, copies the whole KV cache
