@@ -114,7 +114,7 @@ def open_sweep(spec: SweepSpec, root: str) -> SweepRun:
     from dvc.repo import Repo
 
     with Repo(root) as repo:
-        cache_dir = repo.cache.local.path
+        cache_dir = repo.cache.local_cache_dir  # (its files/md5 and runs/ inside)
     return SweepRun(spec.name, root, head_commit(root), params_yaml, mlflow.get_tracking_uri(), exp_id, run_id,
                     str(cache_dir), stages, sweep_report.stage_keys(root, stages), spec.metric, spec.dev_size,
                     max(1, cores // spec.parallel), str(state))

@@ -120,14 +120,18 @@ def run_trial(trial: Trial, sweep: SweepRun) -> TrialResult:
         with open(log_path, "w") as log, own_workdir(None, f"grpoflow-sweep-{trial.number}-", False) as work:
             env = {**stage_env(result.run_id, sweep.tracking_uri), **GIT_IDENTITY,
                    "OMP_NUM_THREADS": str(sweep.threads), "MKL_NUM_THREADS": str(sweep.threads)}
-            _prepare(trial, sweep, work, env, log)
-            for stage in sweep.stages:
-                with _stage_lock(sweep, stage, trial):
-                    before = lock_entry(work, stage)
-                    rc, tail = run_dvc(["repro", "--single-item", stage], work, env, out=log)
+            _prepare(trial, sweep, work)
+            for group in _groups(sweep, trial):  # stages that read the same overrides: one `dvc repro`
+                with _stage_lock(sweep, group[-1], trial):
+                    before = {s: lock_entry(work, s) for s in group}
+                    start_at = log.tell()
+                    rc, tail = run_dvc(["repro", *(["--single-item"] if len(group) == 1 else []), group[-1]], work,
+                                       env, out=log)
                     if rc != 0:
-                        raise StageFailed(failure_message(stage, rc, tail))
-                    result.stages[stage] = stage_status(tail, before, lock_entry(work, stage))
+                        raise StageFailed(failure_message(group[-1], rc, tail))
+                    text = Path(log.name).read_text(errors="replace")[start_at:]
+                    for s in group:
+                        result.stages[s] = stage_status(_about(text, s), before[s], lock_entry(work, s))
             metrics = _dev_metrics(sweep, work, env, log)
             result.value, result.ci95, result.n = _metric(metrics, sweep.metric)
             result.experiment = _save_experiment(trial, sweep, work, env, log)
@@ -144,27 +148,43 @@ def run_trial(trial: Trial, sweep: SweepRun) -> TrialResult:
     return result
 
 
-def _prepare(trial: Trial, sweep: SweepRun, work: Path, env: dict[str, str], log: Any) -> None:
+def _prepare(trial: Trial, sweep: SweepRun, work: Path) -> None:
     """The working copy: the commit's code, the sweep's params with the trial's overrides, the shared cache."""
     working_copy(Path(sweep.root), sweep.commit, work)
     write_text(work / "params.yaml", sweep.params_yaml)
     write_overrides(work / "params.yaml", [*trial.overrides, f"grpo.dev_size={sweep.dev_size}"])
     for venv in Path(sweep.root).glob(".venv-*"):  # the evaluation engine's venv (evaluate.vllm_python)
         (work / venv.name).symlink_to(venv.resolve(), target_is_directory=True)
-    rc, tail = run_dvc(["cache", "dir", "--local", sweep.cache_dir], work, env, out=log)
-    if rc != 0:
-        raise StageFailed(f"dvc cache dir {sweep.cache_dir}: {tail.splitlines()[-1] if tail else rc}")
+    with open(work / ".dvc" / "config.local", "a") as f:  # `dvc cache dir --local DIR`, without starting DVC
+        f.write(f"[cache]\n    dir = {sweep.cache_dir}\n")
+
+
+def _relevant(sweep: SweepRun, stage: str, trial: Trial) -> list[str]:
+    """The trial's overrides of the params `stage` and the stages upstream of it read."""
+    reads = sweep.stage_keys.get(stage, ())
+    return sorted(o for o in trial.overrides
+                  if any(o.split("=")[0] == k or o.startswith(f"{k}.") or k.startswith(o.split("=")[0] + ".")
+                         for k in reads))
+
+
+def _groups(sweep: SweepRun, trial: Trial) -> list[list[str]]:
+    """The trial's stages in order, the first ones that read the same overrides as one group (one `dvc repro`
+    of the last runs them all), then one group per stage."""
+    first = _relevant(sweep, sweep.stages[0], trial)
+    k = next((i for i, s in enumerate(sweep.stages) if _relevant(sweep, s, trial) != first), len(sweep.stages))
+    return [list(sweep.stages[:k]), *([s] for s in sweep.stages[k:])] if k else [[s] for s in sweep.stages]
+
+
+def _about(text: str, stage: str) -> str:
+    """The lines of a `dvc repro` output that speak of `stage` (what stage_status reads)."""
+    return "\n".join(line for line in text.splitlines() if f"'{stage}'" in line)
 
 
 @contextlib.contextmanager
 def _stage_lock(sweep: SweepRun, stage: str, trial: Trial) -> Iterator[None]:
     """Held while the trial runs `stage`: trials whose overrides of what the stage reads are the same wait for
     each other (the second restores from the run cache), others run it at once."""
-    reads = sweep.stage_keys.get(stage, ())
-    relevant = sorted(o for o in trial.overrides
-                      if any(o.split("=")[0] == k or o.startswith(f"{k}.") or k.startswith(o.split("=")[0] + ".")
-                             for k in reads))
-    digest = hashlib.md5(json.dumps(relevant).encode()).hexdigest()[:12]
+    digest = hashlib.md5(json.dumps(_relevant(sweep, stage, trial)).encode()).hexdigest()[:12]
     path = Path(sweep.state_dir) / "locks" / f"{stage}-{digest}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
@@ -214,8 +234,8 @@ def _metric(metrics: dict[str, Any], name: str) -> tuple[float, list[float] | No
 def _save_experiment(trial: Trial, sweep: SweepRun, work: Path, env: dict[str, str], log: Any) -> str:
     """`dvc exp save` in the working copy, fetched into the checkout: `dvc exp show` lists the trial there."""
     name = f"{sweep.name}-t{trial.number}"
-    rc, tail = run_dvc(["exp", "save", "--force", "--name", name, "--include-untracked", "reports/sweep"],
-                       work, env, out=log)
+    rc, tail = run_dvc(["exp", "save", "--force", "--name", name, "--include-untracked", "reports/sweep",
+                        *sweep.stages], work, env, out=log)
     if rc != 0:
         raise StageFailed(f"dvc exp save: {tail.splitlines()[-1] if tail else rc}")
     with _FETCH:
