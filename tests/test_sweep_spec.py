@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from components.common.errors import ConfigError
-from pipelines.flow.sweep_search import Journal, ask_tpe, draw, grid
+from pipelines.flow.sweep_search import Journal, ask_tpe, grid, random_config
 from pipelines.params.sweep_spec import read_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,8 +47,8 @@ def test_random_draws_and_tpe_asks_stay_inside_their_ranges(tmp_path):
     text = ("parameters:\n  grpo.trainer.learning_rate: {low: 1.0e-6, high: 1.0e-3, log: true}\n"
             "  grpo.trainer.beta: {low: 0.0, high: 0.2}\nmethod: random\ntrials: 6\nseed: 3\n")
     spec = read_spec(spec_file(tmp_path, text), [], PARAMS)
-    draws = [draw(spec, i) for i in range(spec.configurations)]
-    assert len(draws) == 6 and draws == [draw(spec, i) for i in range(6)]  # the same on a rerun
+    draws = [random_config(spec, i) for i in range(spec.configurations)]
+    assert len(draws) == 6 and draws == [random_config(spec, i) for i in range(6)]  # the same on a rerun
     assert all(1e-6 <= d["grpo.trainer.learning_rate"] <= 1e-3 and 0 <= d["grpo.trainer.beta"] <= 0.2 for d in draws)
     asked = ask_tpe(spec, [(d, i / 10) for i, d in enumerate(draws)], 2)
     assert len(asked) == 2 and all(1e-6 <= a["grpo.trainer.learning_rate"] <= 1e-3 for a in asked)
@@ -101,3 +101,13 @@ def test_a_journal_written_by_two_writers_keeps_every_line_and_refuses_another_s
     assert len(second.trials()) == 20
     with pytest.raises(ConfigError, match="name: sweep 's' was started with another spec"):
         second.start("spec-b", lambda: "run-2")
+
+
+def test_the_docs_example_spec_reads_as_documented(tmp_path):
+    """docs/sweep.md's spec (its yaml block) is a valid spec: a 2 x 2 grid on two data seeds."""
+    import re
+
+    text = re.search(r"```yaml\n(.*?)```", (REPO / "docs" / "sweep.md").read_text(), re.S).group(1)
+    spec = read_spec(spec_file(tmp_path, text), [], PARAMS)
+    assert (spec.name, spec.method, spec.seeds, spec.dev_size, spec.configurations) == (
+        "lr-beta", "grid", (1234, 2024), 32, 4)

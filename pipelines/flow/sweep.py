@@ -35,7 +35,7 @@ from components.common.entry import fail
 from components.common.errors import ConfigError
 from components.common.files import repo_root
 from pipelines.flow import sweep_report
-from pipelines.flow.sweep_search import Journal, ask_tpe, draw, grid
+from pipelines.flow.sweep_search import Journal, ask_tpe, grid, random_config
 from pipelines.flow.sweep_trial import STOPPING, SWEEP_TAG, SweepRun, Trial, TrialResult, run_trial
 from pipelines.params.sweep_spec import SweepSpec, read_spec
 
@@ -73,7 +73,7 @@ def plan(spec: SweepSpec, journal: Journal, attempted: set[tuple[int, Any]]) -> 
         if spec.method == "grid":
             new = grid(spec)[len(configs):]
         elif spec.method == "random":
-            new = [draw(spec, len(configs) + k) for k in range(spec.configurations - len(configs))]
+            new = [random_config(spec, len(configs) + k) for k in range(spec.configurations - len(configs))]
         else:
             new = ask_tpe(spec, [(c, sweep_report.mean(done, i, seeds)) for i, c in enumerate(configs)], want)
         for config in new:
@@ -137,7 +137,7 @@ def sweep_flow(spec: SweepSpec) -> sweep_report.SweepSummary:
     final = None
     if chosen is not None:
         final = training_pipeline(overrides=[*spec.overrides, f"grpo.dev_size={spec.dev_size}", *chosen.overrides])
-    return sweep_report.publish(spec, sweep, journal, chosen, final)
+    return sweep_report.publish_sweep(spec, sweep, journal, chosen, final)
 
 
 def check_checkout(root: Path) -> None:

@@ -122,7 +122,7 @@ def figure(spec: SweepSpec, records: list[dict[str, Any]], chosen: Chosen | None
     return fig
 
 
-def publish(spec: SweepSpec, sweep: SweepRun, journal: Journal, chosen: Chosen | None,
+def publish_sweep(spec: SweepSpec, sweep: SweepRun, journal: Journal, chosen: Chosen | None,
             final: RunSummary | None) -> SweepSummary:
     """The table and figure on the parent run, the chosen configuration's pipeline run made its child, the
     summary as the parent's description; the parent run ends."""

@@ -36,12 +36,12 @@ def grid(spec: SweepSpec) -> list[dict[str, Any]]:
     return points[: spec.configurations]
 
 
-def draw(spec: SweepSpec, index: int) -> dict[str, Any]:
+def random_config(spec: SweepSpec, index: int) -> dict[str, Any]:
     """Configuration `index` of a random sweep, the same on every rerun (seeded by the spec's seed and index).
 
     >>> from pipelines.params.sweep_spec import Parameter
     >>> s = SweepSpec("s", (Parameter("lr", low=1e-6, high=1e-4, log=True), Parameter("b", (0.0, 0.1))), "random")
-    >>> draw(s, 3) == draw(s, 3), 1e-6 <= draw(s, 3)["lr"] <= 1e-4
+    >>> random_config(s, 3) == random_config(s, 3), 1e-6 <= random_config(s, 3)["lr"] <= 1e-4
     (True, True)
     """
     rng = random.Random(f"{spec.seed}:{index}")
