@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import signal
 import sys
@@ -101,7 +100,9 @@ def open_sweep(spec: SweepSpec, root: str) -> SweepRun:
     params = load_params(Path(root) / "params.yaml", list(spec.overrides))
     exp_id = configure(params, root)
     state = Path(root) / ".dvc" / "tmp" / "sweeps" / spec.name
-    spec_hash = hashlib.md5(json.dumps(repr(spec)).encode()).hexdigest()
+    # what decides the trials' results; `trials` and `parallel` may change between reruns
+    spec_hash = hashlib.md5(repr((spec.parameters, spec.method, spec.seed_key, spec.seeds, spec.metric,
+                                  spec.dev_size, spec.overrides, spec.seed)).encode()).hexdigest()
 
     def make_run() -> str:
         return mlflow.MlflowClient().create_run(exp_id, run_name=f"sweep {spec.name}", tags={
@@ -131,13 +132,20 @@ def sweep_flow(spec: SweepSpec) -> sweep_report.SweepSummary:
     journal, attempted = Journal(Path(sweep.state_dir)), set()
     while trials := plan(spec, journal, attempted):
         attempted |= {(t.index, t.seed) for t in trials}
-        for future in [trial_task.with_options(task_run_name=f"trial-{t.number}").submit(t, sweep) for t in trials]:
-            future.wait()
+        wait_for_trials([trial_task.with_options(task_run_name=f"trial-{t.number}").submit(t, sweep) for t in trials])
     chosen = sweep_report.choose(spec, journal)
     final = None
     if chosen is not None:
         final = training_pipeline(overrides=[*spec.overrides, f"grpo.dev_size={spec.dev_size}", *chosen.overrides])
     return sweep_report.publish_sweep(spec, sweep, journal, chosen, final)
+
+
+def wait_for_trials(futures: list[Any]) -> None:
+    """Until every trial ends, in short sleeps: a future's own wait would hold off Ctrl-C until it ends."""
+    import time
+
+    while not all(f.state.is_final() for f in futures):
+        time.sleep(0.5)
 
 
 def check_checkout(root: Path) -> None:
@@ -172,6 +180,12 @@ def cli_sweep(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, interrupt)
+    import logging
+
+    from pipelines.flow.run import _no_interrupt_crash_lines
+
+    for name in ("prefect.task_runs", "prefect.flow_runs"):  # Prefect's crash lines: the one line below says it
+        logging.getLogger(name).addFilter(_no_interrupt_crash_lines)
     try:
         summary = sweep_flow.with_options(task_runner=ThreadPoolTaskRunner(max_workers=spec.parallel))(spec)
     except KeyboardInterrupt:

@@ -136,7 +136,8 @@ def run_trial(trial: Trial, sweep: SweepRun) -> TrialResult:
             result.value, result.ci95, result.n = _metric(metrics, sweep.metric)
             result.experiment = _save_experiment(trial, sweep, work, env, log)
     except BaseException as exc:
-        if STOPPING.is_set() or isinstance(exc, KeyboardInterrupt):
+        # Ctrl-C reaches the trial's processes and this process's handler (STOPPING) about together
+        if isinstance(exc, KeyboardInterrupt) or STOPPING.wait(timeout=3):
             client.set_terminated(result.run_id, "KILLED")
             raise
         if not isinstance(exc, GrpoflowError | StageFailed | OSError | subprocess.SubprocessError | KeyError):
