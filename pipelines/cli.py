@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=None, metavar="N", help="most trial runs (overrides the spec)")
     p.add_argument("--parallel", type=int, default=None, metavar="N",
                    help="trials at once on this machine, the cores divided between them (overrides the spec)")
-    p.set_defaults(handler="pipelines.flow.sweep:cli_sweep")
+    p.set_defaults(handler="pipelines.flow.sweep_cli:cli_sweep")
 
     p = sub.add_parser("evaluate", help="evaluate a model folder, registered model (models:/NAME@ALIAS) or endpoint")
     p.add_argument("--model", required=True, metavar="PATH_OR_URI",

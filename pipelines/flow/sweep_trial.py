@@ -123,6 +123,7 @@ def run_trial(trial: Trial, sweep: SweepRun) -> TrialResult:
             _prepare(trial, sweep, work)
             for group in _groups(sweep, trial):  # stages that read the same overrides: one `dvc repro`
                 with _stage_lock(sweep, group[-1], trial):
+                    _go_on()
                     before = {s: lock_entry(work, s) for s in group}
                     start_at = log.tell()
                     rc, tail = run_dvc(["repro", *(["--single-item"] if len(group) == 1 else []), group[-1]], work,
@@ -132,6 +133,7 @@ def run_trial(trial: Trial, sweep: SweepRun) -> TrialResult:
                     text = Path(log.name).read_text(errors="replace")[start_at:]
                     for s in group:
                         result.stages[s] = stage_status(_about(text, s), before[s], lock_entry(work, s))
+            _go_on()
             metrics = _dev_metrics(sweep, work, env, log)
             result.value, result.ci95, result.n = _metric(metrics, sweep.metric)
             result.experiment = _save_experiment(trial, sweep, work, env, log)
@@ -147,6 +149,12 @@ def run_trial(trial: Trial, sweep: SweepRun) -> TrialResult:
     result.seconds = round(time.time() - start, 1)
     _log_result(client, result, sweep)
     return result
+
+
+def _go_on() -> None:
+    """Before each process a trial starts: after Ctrl-C (a process started later would not have got it), stop."""
+    if STOPPING.is_set():
+        raise KeyboardInterrupt
 
 
 def _prepare(trial: Trial, sweep: SweepRun, work: Path) -> None:
