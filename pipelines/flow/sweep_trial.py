@@ -141,7 +141,7 @@ def run_trial(trial: Trial, sweep: SweepRun) -> TrialResult:
         # Ctrl-C reaches the trial's processes and this process's handler (STOPPING) about together
         if isinstance(exc, KeyboardInterrupt) or STOPPING.wait(timeout=3):
             client.set_terminated(result.run_id, "KILLED")
-            raise
+            raise KeyboardInterrupt from None  # Prefect: a crash by an interrupt, which the one line states
         if not isinstance(exc, GrpoflowError | StageFailed | OSError | subprocess.SubprocessError | KeyError):
             raise
         result.status, result.error = "failed", str(exc).strip().splitlines()[0][:300]
