@@ -2,6 +2,7 @@
 
     grpoflow run [--preset NAME] [-S k=v ...]   run the training flow (data → model → sft → grpo → evaluate →
                                                 register → promote)
+    grpoflow sweep [SPEC] [-S k=a,b ...]       search hyperparameters: trials on a dev split, the best registered
     grpoflow evaluate --model PATH_OR_URI       evaluate a model folder, a registered model or an endpoint URL
     grpoflow grade --input F --output F         grade completions from any system against gold answers
     grpoflow promote NAME VERSION --reason T    force the champion alias onto a version
@@ -51,6 +52,13 @@ SCHEDULE_DESCRIPTION = (
     "to keep schedules and run history, and for faster runs). Runs until stopped: Ctrl-C or SIGTERM stops it and "
     "cancels a run in progress."
 )
+SWEEP_DESCRIPTION = (
+    "Run trials of the pipeline over the spec's parameters (each configuration once per seed, in a clean working "
+    "copy that shares the DVC cache and run cache, so unchanged stages are restored, not re-run), score each on the "
+    "dev split, rank configurations by their mean dev score, then run the chosen one here: test split, registration "
+    "and the McNemar gate. MLflow: one parent run per sweep, the trials as children; `dvc exp show` lists them. "
+    "Ctrl-C stops it; the same command continues it."
+)
 REPRODUCE_DESCRIPTION = (
     "Check out the version's git commit into a clean working copy, restore the params.yaml and dvc.lock its "
     "pipeline run recorded, re-run every stage from scratch (or, with --from-cache, restore the outputs from the "
@@ -84,6 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="apply presets/NAME.yaml (a real model's settings: smollm2-135m-cpu, qwen2.5-0.5b-gpu, "
                    "qwen2.5-1.5b-gpu, llama3.2-1b-16gb), written into params.yaml as -S does; -S given with it wins")
     p.set_defaults(handler="pipelines.flow.run:cli_run")
+
+    p = sub.add_parser("sweep", help="search hyperparameters: trials chosen on a dev split, the best registered",
+                       description=SWEEP_DESCRIPTION)
+    p.add_argument("spec", nargs="?", default=None, metavar="SPEC",
+                   help="a sweep spec (YAML: parameters, method, seeds, trials, parallel, metric; docs/sweep.md)")
+    p.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="SECTION.KEY=V1,V2",
+                   help="a grid parameter (values separated by commas, as in `dvc exp run --queue -S`), or a fixed "
+                   "override of every trial (one value)")
+    p.add_argument("--trials", type=int, default=None, metavar="N", help="most trial runs (overrides the spec)")
+    p.add_argument("--parallel", type=int, default=None, metavar="N",
+                   help="trials at once on this machine, the cores divided between them (overrides the spec)")
+    p.set_defaults(handler="pipelines.flow.sweep_cli:cli_sweep")
 
     p = sub.add_parser("evaluate", help="evaluate a model folder, registered model (models:/NAME@ALIAS) or endpoint")
     p.add_argument("--model", required=True, metavar="PATH_OR_URI",

@@ -240,9 +240,9 @@ class LineLog:
 
 def run_dvc(
     args: list[str], root: str | os.PathLike, env: dict[str, str], log: Callable[[str], object] | None = None,
-    log_every_s: float | None = 30.0,
+    log_every_s: float | None = 30.0, out: Any = None,
 ) -> tuple[int, str]:
-    """Run `dvc ARGS`, streaming its output (progress bars included); returns (rc, output tail).
+    """Run `dvc ARGS`, streaming its output (progress bars included) to `out` (default stdout); returns (rc, tail).
     With `log`, whole lines go there too (LineLog; a running progress bar every `log_every_s` s).
 
     DVC runs under pipelines/execution/group_watchdog.py: in a process group of its own, stopped when this process
@@ -265,8 +265,8 @@ def run_dvc(
     try:
         while chunk := proc.stdout.read1(4096):
             text = decode(chunk)
-            sys.stdout.write(text)
-            sys.stdout.flush()
+            (out or sys.stdout).write(text)
+            (out or sys.stdout).flush()
             if lines_log:
                 lines_log.feed(text)
             *lines, partial = (partial + text).replace("\r", "\n").split("\n")
