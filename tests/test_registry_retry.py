@@ -31,6 +31,7 @@ from tests.servers import free_port, mlflow_server, served
 
 ITEMS = [{"id": f"q{i}", "completion": "x", "extracted": "1"} for i in range(100)]
 STATE_SKIPPED = ("promotion.decided_at",)  # minutes: two runs may straddle one
+TTL_S = 10.0  # the registry lease's TTL here (60 s by default)
 
 
 class Forwarder:
@@ -102,10 +103,12 @@ def registry(server, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # a refused call fails at once
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     mlflow.set_tracking_uri(uri)
-    # A ticket left by the lost command expires in 1 s, not 60: the rerun need not wait for it.
+    # Heartbeats every second, so that a move of a few seconds beats while it runs; a TTL of 10 s, not 60,
+    # but ample on a loaded machine (1 s was not: a beat slower than that, and the move stopped on a lost
+    # lease before its write k). The ticket a lost command leaves is expired by `expire_left_tickets`.
     lease_function = lease.registry_lease.__wrapped__  # (under contextlib.contextmanager)
     monkeypatch.setattr(lease_function, "__kwdefaults__",
-                        {**lease_function.__kwdefaults__, "ttl_s": 1.0, "heartbeat_s": 0.3})
+                        {**lease_function.__kwdefaults__, "ttl_s": TTL_S, "heartbeat_s": 1.0})
     real = rest_utils.http_request
 
     def counted(**kw):
@@ -139,6 +142,17 @@ def setup(client, name: str, kind: str, root: Path) -> None:
             tags.update({"promotion.previous_champion": str(v - 1), "promotion.decision": "promoted"})
         client.create_model_version(name, source="grpoflow-lease:/none", tags=tags, await_creation_for=0)
     client.set_registered_model_alias(name, "champion", "3" if kind == "rollback" else "1")
+
+
+def expire_left_tickets(client, name: str) -> None:
+    """The lost command left its lease ticket (no release with the server gone): its process would be
+    gone, and the ticket dead TTL_S after its last heartbeat. Instead of the rerun waiting that out, its
+    TTL ends now (tag lease.ttl_s 0): the rerun still finds a dead ticket ahead of its own, deletes it
+    and takes the lease, as after the TTL."""
+    from pipelines.registry.lease import TTL_TAG, lock_name
+
+    for ticket in client.search_model_versions(f"name = '{lock_name(name)}'"):
+        client.set_model_version_tag(ticket.name, ticket.version, TTL_TAG, "0")
 
 
 def move(kind: str, name: str, root: Path):
@@ -185,6 +199,7 @@ def lost_after(client, fwd, box, kind: str, k: int, root: Path, capsys) -> str:
     if box["lose"] == fwd.cut:
         fwd.restore()
     box.update(after=0)
+    expire_left_tickets(client, name)
     move(kind, name, root)  # the rerun
     return [line for line in err.splitlines() if line.startswith("error: ")][0]
 
@@ -232,6 +247,7 @@ def rollback_with_the_server_killed(client, fwd, box, root: Path, capsys) -> tup
     assert code == 1 and "Traceback" not in err, err
     back()
     box.update(after=0)
+    expire_left_tickets(client, name)
     decision = move("rollback", name, root)
     assert (decision.decision, decision.version, decision.champion_before) == ("rollback", "2", "3")
     got = state(client, name)

@@ -107,12 +107,15 @@ class Workers:
 def set_up_round(
     client, r: int, items_run: str, items_uri: str, workers: Workers
 ) -> tuple[str, str | None, list[dict]]:
-    """A fresh registered model: the scenario's champion history, then one version per gate or forced
-    promotion; the commands for the eight processes (shuffled), and the champion before the round."""
+    """A fresh registered model, grpoflow's (else promote and rollback refuse it as another's): the
+    scenario's champion history, then one version per gate or forced promotion; the commands for the
+    eight processes (shuffled), and the champion before the round."""
+    from pipelines.registry.register import MANAGED_TAG
+
     rng = random.Random(r)
     name = f"race-{r}"
     history, ops = SCENARIOS[r % len(SCENARIOS)]
-    client.create_registered_model(name)
+    client.create_registered_model(name, tags={MANAGED_TAG: "true"})  # grpoflow's mark, as its register step makes it
 
     def new_version(level: int) -> str:
         tags = {"eval.items_uri": f"{items_uri}/items_{level}.jsonl", **EVALUATED_ON,
