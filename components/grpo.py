@@ -98,6 +98,25 @@ def dev_split(problems: list[dict[str, Any]], size: int, target_band: str) -> li
     return pool[-size:] if size else []
 
 
+def vllm_cpu_packs_weights() -> bool:
+    """Whether vLLM runs here on a CPU whose linear layers it repacks after loading (oneDNN, zentorch or
+    AMX kernels: the layer's weight is replaced by an empty tensor without vLLM's weight loader), where
+    TRL's colocated rollouts fail at their first weight sync ('Parameter' object has no attribute
+    'weight_loader'). False without vLLM or on a GPU."""
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    from vllm import _custom_ops as ops
+    from vllm.platforms import current_platform
+
+    zen = current_platform.is_zen_cpu() and hasattr(getattr(torch.ops, "zentorch", None), "zentorch_linear_unary")
+    return current_platform.is_cpu() and (zen or bool(getattr(ops, "_supports_onednn", False))
+                                          or torch.cpu._is_amx_tile_supported())
+
+
 def trainer_settings(params: Params) -> tuple[Any, Any]:
     """(trl.GRPOConfig, peft.LoraConfig or None) from the params; a wrong key or value is a ConfigError
     naming it. The stage calls it before it loads anything; `grpoflow run -S ...` before it writes
@@ -113,6 +132,12 @@ def trainer_settings(params: Params) -> tuple[Any, Any]:
         raise ConfigError(
             "grpo.trainer.use_vllm: vLLM is not installed here; on a GPU machine install the `vllm` extra "
             "(pip install -e '.[vllm]'), or set grpo.trainer.use_vllm=false"
+        )
+    if cfg.trainer["use_vllm"] and cfg.trainer["vllm_mode"] == "colocate" and vllm_cpu_packs_weights():
+        raise ConfigError(
+            "grpo.trainer.use_vllm: vLLM-CPU repacks its linear weights on this CPU (oneDNN, zentorch or AMX "
+            "kernels), so TRL's colocated rollouts cannot load the policy's new weights into it; on a CPU set "
+            "grpo.trainer.use_vllm=false (the batched rollouts, grpo.rollout_engine), or train on a GPU"
         )
     args = finetune.build_trl_args(TRLGRPOConfig, STAGE, cfg.trainer, output_dir=cfg.checkpoint_dir,
                                    cpu_bf16=finetune.cpu_bf16(params.model.cpu_training_precision),
