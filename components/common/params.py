@@ -79,15 +79,12 @@ class DataParams:
         """Rules across keys (each value already passed its field's checks)."""
         check_sources("data", self, ("train_source", "test_source"), synthetic=True)
         if self.synthetic_answer_only_min_steps > self.synthetic_answer_only_max_steps:
-            raise ConfigError(
-                f"data.synthetic_answer_only_min_steps ({self.synthetic_answer_only_min_steps}) is above "
-                f"data.synthetic_answer_only_max_steps ({self.synthetic_answer_only_max_steps})"
-            )
+            raise ConfigError(f"data.synthetic_answer_only_min_steps ({self.synthetic_answer_only_min_steps}) is "
+                              f"above data.synthetic_answer_only_max_steps ({self.synthetic_answer_only_max_steps})")
         if self.demo_max_steps and self.answer_only_min_steps and self.answer_only_min_steps <= self.demo_max_steps:
-            raise ConfigError(
-                f"data.answer_only_min_steps ({self.answer_only_min_steps}) must be above data.demo_max_steps "
-                f"({self.demo_max_steps}): a row is a demonstration or an answer-only problem, not both"
-            )
+            raise ConfigError(f"data.answer_only_min_steps ({self.answer_only_min_steps}) must be above "
+                              f"data.demo_max_steps ({self.demo_max_steps}): a row is a demonstration or an "
+                              "answer-only problem, not both")
 
 
 @dataclass
