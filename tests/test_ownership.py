@@ -54,7 +54,7 @@ def test_a_stage_workdir_goes_only_when_the_stage_made_it(tmp_path):
     made = tmp_path / "new" / "copy"
     with own_workdir(made, "s-", keep=False) as work:
         assert work == made / "s" and made.is_dir()
-        work.mkdir()  # as git clone makes it
+        assert work.is_dir() and not any(work.iterdir())  # made here, exclusively, for git clone to fill
         (work / "cloned.txt").write_text("x")
     assert not made.exists() and (tmp_path / "new").is_dir()
 
@@ -65,7 +65,7 @@ def test_a_stage_workdir_goes_only_when_the_stage_made_it(tmp_path):
     assert not temporary.exists()
 
     with own_workdir(made, "s-", keep=True) as work:
-        work.mkdir()
+        assert work.is_dir()
         (work / "kept.txt").write_text("x")
     assert (made / "s" / "kept.txt").is_file()
 

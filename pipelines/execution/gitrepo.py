@@ -63,7 +63,8 @@ def own_workdir(workdir: str | os.PathLike | None, prefix: str, keep: bool) -> I
     """The folder a working copy goes in, and afterwards (unless `keep`) the removal of what was made
     there, and only that. None: a new temporary path (missing, for `git clone` to make), removed after.
     A folder given: missing (made here) or empty, else refused before anything is written or removed;
-    the working copy goes in a folder made inside it, `DIR/<prefix without its dash>`, which alone is
+    the working copy goes in a folder this run makes inside it (exclusively: one already there is refused),
+    `DIR/<prefix without its dash>`, which alone is
     removed afterwards, then DIR too when it was made here and nothing else is in it: a file someone
     put in DIR meanwhile stays, and so does DIR."""
     if workdir is None:
@@ -83,7 +84,11 @@ def own_workdir(workdir: str | os.PathLike | None, prefix: str, keep: bool) -> I
         given.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # a file where a parent folder should be, no permission
         raise WorkingCopyError(f"{given}: cannot make this folder ({exc.strerror}); give a new folder") from None
-    work = given / prefix.rstrip("-")  # made by git clone, in this run: everything in it is the working copy's
+    work = given / prefix.rstrip("-")
+    try:  # made here and now, exclusively: the one folder this run owns and removes (git clone fills it)
+        work.mkdir()
+    except OSError as exc:
+        raise WorkingCopyError(f"{work}: cannot make this folder ({exc.strerror}); give a new folder") from None
     try:
         yield work
     finally:
